@@ -1,0 +1,291 @@
+"""The batch scope's flush rule, on MockClock with a recording backend."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+import trio.testing
+
+from triogate.batch import (
+    BackendUnavailable,
+    Batch,
+    BatchClosed,
+    CommandError,
+    MemoryTracer,
+    Script,
+    open_batch_scope,
+)
+from triogate.batch.testing import FaultyBackend, RecordingBackend
+
+if TYPE_CHECKING:
+    from trio.testing import MockClock
+
+    from triogate.batch import Participant
+
+
+async def get_and_wait(batch: Batch, owner: str) -> object:
+    return await batch.call("GET", keys=[f"k:{owner}"], owner=owner)
+
+
+async def test_three_participants_share_one_round(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend({"GET": b"1"})
+    async with open_batch_scope({"default": backend}) as scope:
+        ps = [
+            scope.start_participant(get_and_wait, scope.batch, owner, name=owner)
+            for owner in ("auth", "budgets", "rate_limits")
+        ]
+    assert [len(p) for p in backend.pipelines] == [3]
+    assert scope.statistics().rounds == 1
+    assert [p.result() for p in ps] == [b"1", b"1", b"1"]
+
+
+async def test_dependent_participant_lands_in_round_two(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend({"GET": b"id"})
+
+    async def auth(batch: Batch) -> object:
+        return await batch.call("GET", keys=["identity"], owner="auth")
+
+    async def rate_limits(batch: Batch, who: Participant[object]) -> object:
+        identity = await who.wait()
+        return await batch.call("INCR", keys=[f"rl:{identity!r}"], owner="rate_limits")
+
+    async def cache(batch: Batch) -> object:
+        await trio.sleep(0.5)  # busy with something else: holds round 1 back
+        return await batch.call("GET", keys=["cache"], owner="cache")
+
+    async with open_batch_scope({"default": backend}) as scope:
+        who = scope.start_participant(auth, scope.batch, name="auth")
+        scope.start_participant(rate_limits, scope.batch, who, name="rate_limits")
+        scope.start_participant(cache, scope.batch, name="cache")
+    assert [[c[0] for c in p] for p in backend.pipelines] == [["GET", "GET"], ["INCR"]]
+    assert scope.statistics().rounds == 2
+
+
+async def test_declaring_after_a_flush_lands_in_the_next_round(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    seq = trio.testing.Sequencer()
+
+    async def early(batch: Batch) -> None:
+        async with seq(0):
+            handle = batch.call("GET", keys=["a"], owner="early")
+        await handle
+
+    async def late(batch: Batch) -> None:
+        async with seq(1):
+            first = batch.call("GET", keys=["b0"], owner="late")
+        await first  # both now wait: round 1 leaves with a and b0
+        async with seq(2):
+            second = batch.call("GET", keys=["b1"], owner="late")
+        await second
+
+    async with open_batch_scope({"default": backend}) as scope:
+        scope.start_participant(early, scope.batch)
+        scope.start_participant(late, scope.batch)
+    assert [[c[1] for c in p] for p in backend.pipelines] == [["a", "b0"], ["b1"]]
+    assert scope.statistics().rounds == 2
+
+
+async def test_declaring_while_a_flush_is_in_flight_waits_for_the_next_round(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend(delay_s=1)
+    async with open_batch_scope({"default": backend}) as scope:
+        scope.start_participant(get_and_wait, scope.batch, "first")
+        await trio.sleep(0.5)  # round 1 is on the wire now
+        await scope.batch.call("GET", keys=["late"], owner="late")
+        assert trio.current_time() == 2  # it left after round 1 came back
+    assert [[c[1] for c in p] for p in backend.pipelines] == [["k:first"], ["late"]]
+
+
+async def test_a_participant_started_after_a_flush_is_in_the_next_round(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend()
+
+    async def first(batch: Batch) -> None:
+        await batch.call("GET", keys=["a"], owner="first")
+
+    async with open_batch_scope({"default": backend}) as scope:
+        p = scope.start_participant(first, scope.batch)
+        await p.wait()  # the body waits: round 1 left with "a"
+        scope.start_participant(first, scope.batch)
+    assert [[c[1] for c in p] for p in backend.pipelines] == [["a"], ["a"]]
+    assert scope.statistics().rounds == 2
+
+
+async def test_the_body_can_await_a_handle_directly(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend({"GET": b"v"})
+    async with open_batch_scope({"default": backend}) as scope:
+        h1 = scope.batch.call("GET", keys=["a"], owner="body")
+        h2 = scope.batch.call("GET", keys=["b"], owner="body")
+        assert await h1 == b"v"
+        assert h2.done
+    assert len(backend.pipelines) == 1
+
+
+async def test_an_error_reply_fails_only_its_owner(autojump_clock: MockClock) -> None:
+    def respond(wire: tuple[object, ...]) -> object:
+        return CommandError("WRONGTYPE nope") if wire[1] == "bad" else b"ok"
+
+    backend = RecordingBackend(respond=respond)
+    async with open_batch_scope({"default": backend}) as scope:
+        good = scope.batch.call("GET", keys=["good"], owner="a")
+        bad = scope.batch.call("GET", keys=["bad"], owner="b")
+        assert await good == b"ok"
+        with pytest.raises(CommandError, match="WRONGTYPE"):
+            await bad
+
+
+async def test_noscript_is_retried_with_eval_for_its_owner_alone(
+    autojump_clock: MockClock,
+) -> None:
+    script = Script.from_source("answer", "return 42")
+    backend = RecordingBackend(
+        respond=lambda w: 42 if w[0] in ("EVAL", "EVALSHA") else b"plain",
+        scripts_loaded=False,
+        delay_s=1.0,
+    )
+    resumed: dict[str, float] = {}
+
+    async def plain(batch: Batch) -> None:
+        await batch.call("GET", keys=["x"], owner="plain")
+        resumed["plain"] = trio.current_time()
+
+    async def scripted(batch: Batch) -> None:
+        assert await batch.call(script, keys=["y"], args=[1], owner="scripted") == 42
+        resumed["scripted"] = trio.current_time()
+
+    tracer = MemoryTracer()
+    async with open_batch_scope({"default": backend}, tracer=tracer, trace_id="r") as scope:
+        scope.start_participant(plain, scope.batch)
+        scope.start_participant(scripted, scope.batch)
+    assert [sorted(c[0] for c in p) for p in backend.pipelines] == [["EVALSHA", "GET"], ["EVAL"]]
+    assert resumed == {"plain": 1.0, "scripted": 2.0}  # the others did not wait for the retry
+    assert [r.retry for r in tracer.records("r")] == [False, True]
+    assert scope.statistics().rounds == 1
+
+
+async def test_a_failed_pipeline_fails_every_owner_with_its_own_error(
+    autojump_clock: MockClock,
+) -> None:
+    backend = FaultyBackend(RecordingBackend())
+    backend.down = True
+    async with open_batch_scope({"default": backend}) as scope:
+        ps = [scope.start_participant(get_and_wait, scope.batch, o) for o in ("a", "b")]
+    errors = []
+    for p in ps:
+        with pytest.raises(BackendUnavailable) as info:
+            p.result()
+        errors.append(info.value)
+    assert errors[0] is not errors[1]
+
+
+async def test_a_participant_that_raises_does_not_hang_the_others(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend({"GET": b"1"})
+
+    async def broken(batch: Batch) -> None:
+        raise KeyError("bug")
+
+    async with open_batch_scope({"default": backend}) as scope:
+        bad = scope.start_participant(broken, scope.batch)
+        good = scope.start_participant(get_and_wait, scope.batch, "good")
+    assert good.result() == b"1"
+    with pytest.raises(KeyError):
+        bad.result()
+
+
+async def test_cancelling_mid_flush_leaves_nothing_dangling(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend(delay_s=10)
+    handles = []
+
+    async def waits(batch: Batch) -> None:
+        handle = batch.call("GET", keys=["k"], owner="w")
+        handles.append(handle)
+        await handle
+
+    with trio.move_on_after(1):
+        async with open_batch_scope({"default": backend}) as scope:
+            scope.start_participant(waits, scope.batch)
+            scope.start_participant(waits, scope.batch)
+    assert trio.current_time() == 1
+    assert all(h.done for h in handles)
+    for h in handles:
+        with pytest.raises(BackendUnavailable):
+            h.result()
+    with pytest.raises(BatchClosed):
+        scope.batch.call("GET", keys=["k"], owner="late")
+
+
+async def test_two_backends_leave_concurrently_in_one_round(autojump_clock: MockClock) -> None:
+    counters = RecordingBackend(name="counters", delay_s=1)
+    cache = RecordingBackend(name="cache", delay_s=1)
+    tracer = MemoryTracer()
+    async with open_batch_scope(
+        {"counters": counters, "cache": cache}, tracer=tracer, trace_id="t"
+    ) as scope:
+        a = scope.batch.call("GET", keys=["a"], backend="counters", owner="a")
+        b = scope.batch.call("GET", keys=["b"], backend="cache", owner="b")
+        await a
+        await b
+    assert trio.current_time() == 1
+    assert tracer.summary("t").waits_before == 1
+    assert sorted(r.backend for r in tracer.records("t")) == ["cache", "counters"]
+
+
+async def test_aliased_backend_names_share_one_pipeline(autojump_clock: MockClock) -> None:
+    redis = RecordingBackend()
+    async with open_batch_scope({"counters": redis, "cache": redis}) as scope:
+        scope.batch.call("GET", keys=["a"], backend="counters", owner="a")
+        await scope.batch.call("GET", keys=["b"], backend="cache", owner="b")
+    assert [len(p) for p in redis.pipelines] == [2]
+
+
+async def test_declarations_never_awaited_leave_at_exit(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+
+    async def fire(batch: Batch) -> None:
+        batch.call("SET", keys=["k"], args=["v"], owner="fire")
+
+    async with open_batch_scope({"default": backend}) as scope:
+        scope.start_participant(fire, scope.batch)
+        scope.batch.call("SET", keys=["j"], args=["v"], owner="body")
+    assert sorted(c[1] for p in backend.pipelines for c in p) == ["j", "k"]
+
+
+async def test_unknown_backend_is_refused_at_declaration(autojump_clock: MockClock) -> None:
+    async with open_batch_scope({"default": RecordingBackend()}) as scope:
+        with pytest.raises(ValueError, match="unknown backend 'nope'"):
+            scope.batch.call("GET", keys=["k"], backend="nope", owner="x")
+
+
+async def test_a_dependency_cycle_is_broken_with_an_error(autojump_clock: MockClock) -> None:
+    box: dict[str, Participant[None]] = {}
+
+    async def wait_on(other: str) -> None:
+        await trio.sleep(0)
+        await box[other].wait()
+
+    async with open_batch_scope({"default": RecordingBackend()}) as scope:
+        box["a"] = scope.start_participant(wait_on, "b")
+        box["b"] = scope.start_participant(wait_on, "a")
+    for p in box.values():
+        with pytest.raises(RuntimeError, match="deadlock"):
+            p.result()
+
+
+async def test_statistics_and_tracer_agree(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    tracer = MemoryTracer()
+    async with open_batch_scope({"default": backend}, tracer=tracer, trace_id="req") as scope:
+        for owner in ("a", "b"):
+            scope.start_participant(get_and_wait, scope.batch, owner, name=owner)
+    stats = scope.statistics()
+    assert (stats.rounds, stats.commands, stats.participants, stats.live) == (1, 2, 2, 0)
+    (record,) = tracer.records("req")
+    assert sorted(record.owners) == ["a", "b"]
+    assert record.commands == ("GET", "GET")
+    assert record.phase == "before"

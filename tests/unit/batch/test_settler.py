@@ -1,0 +1,143 @@
+"""Post-call batches and the settler, on MockClock with a recording backend."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+from triogate.batch import (
+    BackendUnavailable,
+    BatchClosed,
+    Journal,
+    MemoryTracer,
+    Settler,
+    open_post_call_batch,
+)
+from triogate.batch.testing import FaultyBackend, RecordingBackend
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from trio.testing import MockClock
+
+
+async def test_the_deadline_closes_the_batch_at_exactly_one_second(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend()
+    settler = Settler({"default": backend})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        async with open_post_call_batch(settler, trace_id="r1") as post:
+            post.call("INCRBY", keys=["spend"], args=[5], owner="budgets")
+            await trio.sleep_forever()  # a callback that never finishes
+        assert trio.current_time() == 1.0
+        await post.wait_settled()
+        nursery.cancel_scope.cancel()
+    assert backend.commands == ["INCRBY"]
+    with pytest.raises(BatchClosed):
+        post.call("GET", keys=["x"], owner="late")
+
+
+async def test_settlement_survives_cancellation_of_the_request(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    settler = Settler({"default": backend})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with trio.CancelScope() as request:
+            request.cancel()  # the client is gone
+            async with open_post_call_batch(settler, trace_id="r1") as post:
+                await trio.sleep(0.1)  # shielded: the callbacks still run
+                post.call("INCRBY", keys=["spend"], args=[5], owner="budgets")
+        await settler.wait_drained()
+        nursery.cancel_scope.cancel()
+    assert backend.commands == ["INCRBY"]
+
+
+async def test_batches_closing_during_a_flush_leave_together(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend(delay_s=1)
+    tracer = MemoryTracer()
+    settler = Settler({"default": backend}, tracer=tracer)
+
+    async def request(i: int) -> None:
+        async with open_post_call_batch(settler, trace_id=f"r{i}") as post:
+            post.call("INCRBY", keys=[f"k{i}"], args=[1], owner="budgets")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        await request(0)
+        await trio.sleep(0.5)  # r0's flush is on the wire
+        for i in range(1, 4):
+            await request(i)
+        await settler.wait_drained()
+        nursery.cancel_scope.cancel()
+    assert [len(p) for p in backend.pipelines] == [1, 3]
+    stats = settler.statistics()
+    assert (stats.flushes, stats.batches, stats.commands) == (2, 4, 4)
+    for i in range(4):
+        summary = tracer.summary(f"r{i}")
+        assert (summary.waits_before, summary.waits_after) == (0, 1)
+    assert tracer.records("r2")[0].shared_with == 3
+
+
+async def test_shutdown_drains_pending_batches(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend(delay_s=0.2)
+    settler = Settler({"default": backend})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        for i in range(5):
+            async with open_post_call_batch(settler, trace_id=f"r{i}") as post:
+                post.call("INCRBY", keys=[f"k{i}"], args=[1], owner="budgets")
+        assert settler.statistics().queued + settler.statistics().in_flight > 0
+        with trio.fail_after(10):
+            await settler.wait_drained()
+        nursery.cancel_scope.cancel()
+    assert sorted(c[1] for p in backend.pipelines for c in p) == [f"k{i}" for i in range(5)]
+    assert settler.statistics().queued == 0
+
+
+async def test_a_failed_flush_is_journaled_and_replayed(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    inner = RecordingBackend()
+    backend = FaultyBackend(inner)
+    backend.down = True
+    settler = Settler({"default": backend}, journal=Journal(tmp_path), replay_interval_s=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        async with open_post_call_batch(settler, trace_id="r1") as post:
+            handle = post.call("INCRBY", keys=["spend"], args=[7], owner="budgets")
+        await settler.wait_drained()
+        with pytest.raises(BackendUnavailable):
+            await handle
+        assert settler.statistics().journal_pending == 1
+        assert list(tmp_path.glob("journal-*.jsonl"))[0].read_bytes().count(b"\n") == 1
+        backend.down = False
+        await trio.sleep(1.5)  # the next replay attempt
+        assert settler.statistics().journal_pending == 0
+        assert settler.statistics().replayed == 1
+        nursery.cancel_scope.cancel()
+    assert inner.pipelines == [[("INCRBY", "spend", 7)]]
+    assert not list(tmp_path.glob("journal-*"))  # nothing left on a clean exit
+
+
+async def test_cancelling_the_settler_journals_what_was_queued(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    backend = RecordingBackend(delay_s=5)
+    settler = Settler({"default": backend}, journal=Journal(tmp_path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        for i in range(3):
+            async with open_post_call_batch(settler, trace_id=f"r{i}") as post:
+                post.call("INCRBY", keys=[f"k{i}"], args=[1], owner="budgets")
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()  # no drain: a crash path
+    assert settler.statistics().journaled == 3
+    # The next process claims the orphaned journal.
+    successor = Journal(tmp_path)
+    assert await successor.open() == 3
+    assert sorted(e.trace_id for e in successor.pending) == ["r0", "r1", "r2"]
+    successor.close()

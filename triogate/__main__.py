@@ -1,0 +1,3 @@
+from triogate.cli import main
+
+raise SystemExit(main())

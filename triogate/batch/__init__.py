@@ -1,0 +1,82 @@
+"""triogate.batch: a request waits on Redis once per dependency level, not once per subsystem.
+
+A library on its own (it imports trio, hiredis, attrs and orjson; nothing of
+the gateway). The pieces:
+
+* :func:`open_batch_scope`: a nursery whose *participants* declare commands on a shared
+  batch and await handles; one pipeline per backend leaves when every live participant
+  waits. See ``_scope.py`` for the flush rule.
+* :func:`open_post_call_batch` and :class:`Settler`: writes after the model call, sent
+  with group commit, journaled when Redis is down, drained on shutdown.
+* :class:`Script`: Lua as a file plus its SHA; EVALSHA with a per-owner EVAL fallback.
+* Backends: :class:`RespBackend` (own pipelined RESP2 client) and the
+  :class:`Backend` protocol.
+* :class:`MemoryTracer` and :class:`FlushRecord`: every flush, for counting waits.
+
+Errors: :class:`BatchError` ├ :class:`BackendUnavailable` ├ :class:`CommandError`
+└ :class:`BatchClosed`.
+"""
+
+from ._backend import Backend as Backend
+from ._backend import RedisAddress as RedisAddress
+from ._backend import redact_url as redact_url
+from ._command import Command as Command
+from ._errors import BackendUnavailable as BackendUnavailable
+from ._errors import BatchClosed as BatchClosed
+from ._errors import BatchError as BatchError
+from ._errors import CommandError as CommandError
+from ._handle import Handle as Handle
+from ._journal import Journal as Journal
+from ._journal import JournalEntry as JournalEntry
+from ._resp import BackendStatistics as BackendStatistics
+from ._resp import RespBackend as RespBackend
+from ._resp import Subscription as Subscription
+from ._scope import Batch as Batch
+from ._scope import BatchScope as BatchScope
+from ._scope import BatchStatistics as BatchStatistics
+from ._scope import Participant as Participant
+from ._scope import open_batch_scope as open_batch_scope
+from ._scripts import Script as Script
+from ._settler import PostCallBatch as PostCallBatch
+from ._settler import Settler as Settler
+from ._settler import SettlerStatistics as SettlerStatistics
+from ._settler import open_post_call_batch as open_post_call_batch
+from ._tracer import AFTER as AFTER
+from ._tracer import BEFORE as BEFORE
+from ._tracer import FlushRecord as FlushRecord
+from ._tracer import MemoryTracer as MemoryTracer
+from ._tracer import TraceSummary as TraceSummary
+from ._tracer import Tracer as Tracer
+
+__all__ = (
+    "AFTER",
+    "BEFORE",
+    "BackendStatistics",
+    "Backend",
+    "BackendUnavailable",
+    "Batch",
+    "BatchClosed",
+    "BatchError",
+    "BatchScope",
+    "BatchStatistics",
+    "Command",
+    "CommandError",
+    "FlushRecord",
+    "Handle",
+    "Journal",
+    "JournalEntry",
+    "MemoryTracer",
+    "Participant",
+    "PostCallBatch",
+    "RedisAddress",
+    "RespBackend",
+    "Script",
+    "Settler",
+    "SettlerStatistics",
+    "Subscription",
+    "TraceSummary",
+    "Tracer",
+    "open_batch_scope",
+    "open_post_call_batch",
+    "redact_url",
+)

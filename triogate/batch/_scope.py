@@ -1,0 +1,450 @@
+"""The batch scope: a nursery whose participants share one flush per dependency level.
+
+A request opens one scope. Subsystems run in it as *participants*; each declares the
+commands it needs (``scope.batch.call(...)``, sync, never blocks) and awaits the handles.
+The scope flushes the moment every live participant is waiting (on a handle, or on
+another participant's result) or has finished: everything declared so far leaves as one
+pipeline per backend. A participant that declares after a flush is in the next round.
+So the number of waits equals the depth of the dependency chain.
+
+Participants' exceptions are captured (``Exception`` only; cancellation propagates):
+one subsystem failing does not cancel the others, and ``Participant.result()`` re-raises
+it for whoever decides. Cancelling the scope (the client went away) cancels the
+participants and any flush in flight; a cancelled flush fails the handles it carried,
+so nothing is left dangling.
+"""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+
+import attrs
+import outcome
+import trio
+
+from ._barrier import Barrier
+from ._command import Command
+from ._errors import BackendUnavailable, BatchClosed
+from ._flush import send_round
+from ._handle import Handle
+from ._scripts import Script
+from ._tracer import BEFORE, FlushRecord
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+
+    from ._backend import Backend
+    from ._command import Arg
+    from ._flush import PipelineSent
+    from ._tracer import Tracer
+
+T = TypeVar("T")
+
+_trace_ids = itertools.count(1)
+
+
+def own_error(error: BaseException) -> BaseException:
+    """A fresh instance of a shared pipeline error, so each owner raises its own."""
+    if isinstance(error, BackendUnavailable):
+        fresh = BackendUnavailable(error.backend, error.reason)
+        fresh.__cause__ = error.__cause__
+        return fresh
+    return error
+
+
+def make_command(
+    target: str | Script,
+    keys: Iterable[Arg],
+    args: Iterable[Arg],
+    backend: str,
+    owner: str,
+    backends: Mapping[str, Backend],
+) -> Command:
+    """Validate one declaration and build its :class:`Command` (shared by both batches)."""
+    if backend not in backends:
+        raise ValueError(f"unknown backend {backend!r} (known: {', '.join(sorted(backends))})")
+    if isinstance(target, Script):
+        return Command(
+            name="EVALSHA", keys=tuple(keys), args=tuple(args), owner=owner, backend=backend,
+            script=target,
+        )
+    return Command(name=target.upper(), keys=tuple(keys), args=tuple(args), owner=owner,
+                   backend=backend)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BatchStatistics:
+    """What a scope did so far.
+
+    Attributes:
+        rounds: flushes (waits) so far; a NOSCRIPT retry is not a round.
+        commands: commands sent.
+        participants: participants started.
+        live: participants still running.
+        waiting: live participants blocked on the batch right now.
+        pending: commands declared and not yet sent.
+    """
+
+    rounds: int
+    commands: int
+    participants: int
+    live: int
+    waiting: int
+    pending: int
+
+
+@final
+class Participant(Generic[T]):
+    """A subsystem task of a batch scope, and later its result.
+
+    Made by :meth:`BatchScope.start_participant`; no public constructor.
+    """
+
+    __slots__ = ("_blocked_on", "_done", "_error", "_name", "_scope", "_value", "_waiters")
+
+    _name: str
+    _scope: BatchScope
+    _blocked_on: list[trio.lowlevel.Task] | None
+    _done: bool
+    _value: Any
+    _error: Exception | None
+    _waiters: list[trio.lowlevel.Task]
+
+    def __init__(self) -> None:
+        raise TypeError("Participant has no public constructor; use start_participant")
+
+    @classmethod
+    def _create(cls, name: str, scope: BatchScope) -> Participant[Any]:
+        self = object.__new__(cls)
+        self._name = name
+        self._scope = scope
+        self._blocked_on = None
+        self._done = False
+        self._value = None
+        self._error = None
+        self._waiters = []
+        return self
+
+    @property
+    def name(self) -> str:
+        """The name given at start."""
+        return self._name
+
+    @property
+    def done(self) -> bool:
+        """Whether the participant has returned or raised."""
+        return self._done
+
+    def result(self) -> T:
+        """The participant's return value, or its exception re-raised.
+
+        Raises:
+            RuntimeError: the participant has not finished.
+        """
+        if not self._done:
+            raise RuntimeError(f"participant {self._name!r} has not finished")
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+    async def wait(self) -> T:
+        """Wait for this participant's result; a participant waiting here counts as waiting.
+
+        This is how a dependency is expressed: the rate-limit participant awaits the auth
+        participant's result, and the flush of the current round is not held back by it.
+        A checkpoint.
+        """
+        await self._scope._wait_participant(self)
+        return self.result()
+
+    def __repr__(self) -> str:
+        return f"<Participant {self._name!r} {'done' if self._done else 'running'}>"
+
+
+@final
+class BatchScope:
+    """A nursery plus a batch; see the module docstring. Made by :func:`open_batch_scope`."""
+
+    def __init__(self) -> None:
+        raise TypeError("use open_batch_scope")
+
+    @classmethod
+    def _create(
+        cls,
+        nursery: trio.Nursery,
+        backends: Mapping[str, Backend],
+        tracer: Tracer | None,
+        trace_id: str,
+        phase: str,
+    ) -> BatchScope:
+        self = object.__new__(cls)
+        self._nursery = nursery
+        self._backends = backends
+        self._tracer = tracer
+        self._trace_id = trace_id
+        self._phase = phase
+        self._barrier = Barrier()
+        self._by_task: dict[trio.lowlevel.Task, Participant[Any]] = {}
+        self._pending: list[Handle[Any]] = []
+        self._flushing = False
+        self._closed = False
+        self._rounds = 0
+        self._commands = 0
+        self._started = 0
+        self.batch = Batch._create(self)
+        return self
+
+    @property
+    def trace_id(self) -> str:
+        """The id under which this scope's flushes are traced."""
+        return self._trace_id
+
+    @property
+    def cancel_scope(self) -> trio.CancelScope:
+        """The scope's cancel scope: cancel it to abandon every participant and flush."""
+        return self._nursery.cancel_scope
+
+    def start_participant(
+        self, fn: Callable[..., Awaitable[T]], *args: object, name: str | None = None
+    ) -> Participant[T]:
+        """Run ``fn(*args)`` as a participant task; return its :class:`Participant`.
+
+        The participant counts as live from this call on, so a round cannot leave before
+        it has run and declared. May be called from the scope's body or from inside a
+        participant (to start a dependent step). Not a checkpoint.
+        """
+        if self._closed:
+            raise BatchClosed("the batch scope is closed")
+        label = name or getattr(fn, "__qualname__", repr(fn))
+        participant: Participant[T] = Participant._create(label, self)
+        self._barrier.started()
+        self._started += 1
+        self._nursery.start_soon(self._run_participant, participant, fn, args, name=label)
+        return participant
+
+    def statistics(self) -> BatchStatistics:
+        """Counters of this scope (sync, cheap)."""
+        return BatchStatistics(
+            rounds=self._rounds,
+            commands=self._commands,
+            participants=self._started,
+            live=self._barrier.live,
+            waiting=self._barrier.blocked,
+            pending=len(self._pending),
+        )
+
+    # ------------------------------------------------------------------ participants
+
+    async def _run_participant(
+        self, participant: Participant[Any], fn: Callable[..., Awaitable[Any]], args: tuple[object, ...]
+    ) -> None:
+        task = trio.lowlevel.current_task()
+        self._by_task[task] = participant
+        try:
+            participant._value = await fn(*args)
+        except Exception as exc:  # captured: see module docstring; Cancelled propagates
+            participant._error = exc
+        finally:
+            del self._by_task[task]
+            participant._done = True
+            self._barrier.finished()
+            waiters, participant._waiters = participant._waiters, []
+            for waiter in waiters:
+                self._wake(waiter, outcome.Value(None))
+            self._check()
+
+    async def _wait_participant(self, participant: Participant[Any]) -> None:
+        if participant._done:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._block_on(participant._waiters)
+
+    # ------------------------------------------------------------------ handles
+
+    def _declare(self, command: Command) -> Handle[Any]:
+        if self._closed:
+            raise BatchClosed("the batch scope is closed")
+        handle = Handle._create(command, self)
+        self._pending.append(handle)
+        return handle
+
+    async def _wait_handle(self, handle: Handle[Any]) -> Any:
+        if not handle._done:
+            await self._block_on(handle._waiters)
+        else:
+            await trio.lowlevel.checkpoint()
+        return handle.result()
+
+    async def _block_on(self, waiters: list[trio.lowlevel.Task]) -> None:
+        """Park the current task on ``waiters``; count it as blocked if it participates."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        task = trio.lowlevel.current_task()
+        participant = self._by_task.get(task)
+        waiters.append(task)
+        if participant is not None:
+            participant._blocked_on = waiters
+            self._barrier.block()
+        self._check()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            waiters.remove(task)
+            if participant is not None and participant._blocked_on is not None:
+                participant._blocked_on = None
+                self._barrier.unblock()
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _wake(self, task: trio.lowlevel.Task, result: outcome.Outcome[None]) -> None:
+        """Reschedule a parked task, unblocking its participant *now*, not when it runs.
+
+        Unblocking at wake-up matters: between now and the moment the task runs, the
+        barrier must not believe it is still waiting, or a round could leave without the
+        commands it is about to declare.
+        """
+        participant = self._by_task.get(task)
+        if participant is not None and participant._blocked_on is not None:
+            participant._blocked_on = None
+            self._barrier.unblock()
+        trio.lowlevel.reschedule(task, result)
+
+    def _resolve(self, handle: Handle[Any], reply: object) -> None:
+        if handle._done:
+            return
+        handle._done = True
+        if isinstance(reply, BaseException):
+            handle._error = own_error(reply)
+        else:
+            handle._value = reply
+        waiters, handle._waiters = handle._waiters, []
+        for waiter in waiters:
+            self._wake(waiter, outcome.Value(None))
+
+    # ------------------------------------------------------------------ flushing
+
+    def _check(self) -> None:
+        """Start a round if the flush rule holds; break a dependency cycle if one formed."""
+        pending = bool(self._pending)
+        if self._barrier.ready(pending=pending, flushing=self._flushing):
+            handles, self._pending = self._pending, []
+            self._flushing = True
+            self._rounds += 1
+            self._commands += len(handles)
+            self._nursery.start_soon(self._flush, handles, self._rounds, name="batch flush")
+        elif self._barrier.deadlocked(pending=pending, flushing=self._flushing):
+            # Nothing pending or in flight: every blocked participant waits on another.
+            error = RuntimeError("batch scope deadlock: participants wait on each other")
+            for task, participant in list(self._by_task.items()):
+                if participant._blocked_on is not None:
+                    participant._blocked_on.remove(task)
+                    self._wake(task, outcome.Error(error))
+
+    async def _flush(self, handles: list[Handle[Any]], round_: int) -> None:
+        commands = [h._command for h in handles]
+
+        def deliver(i: int, reply: object) -> None:
+            self._resolve(handles[i], reply)
+
+        def sent(pipeline: PipelineSent) -> None:
+            if self._tracer is not None:
+                self._tracer.record(
+                    FlushRecord(
+                        trace_id=self._trace_id,
+                        phase=self._phase,
+                        round=round_,
+                        backend=pipeline.backend,
+                        commands=tuple(commands[i].label for i in pipeline.indices),
+                        owners=tuple(commands[i].owner for i in pipeline.indices),
+                        duration_s=pipeline.duration_s,
+                        retry=pipeline.retry,
+                        ok=pipeline.ok,
+                    )
+                )
+
+        try:
+            await send_round(commands, self._backends, deliver, sent=sent)
+        finally:
+            # Cancelled mid-flight: fail what was not delivered, so no handle dangles.
+            for handle in handles:
+                if not handle._done:
+                    self._resolve(handle, BackendUnavailable("*", "flush cancelled"))
+            self._flushing = False
+            self._check()
+
+
+
+@final
+class Batch:
+    """Where participants declare commands. Obtained as ``scope.batch``."""
+
+    __slots__ = ("_scope",)
+
+    _scope: BatchScope
+
+    def __init__(self) -> None:
+        raise TypeError("use open_batch_scope(...).batch")
+
+    @classmethod
+    def _create(cls, scope: BatchScope) -> Batch:
+        self = object.__new__(cls)
+        self._scope = scope
+        return self
+
+    def call(
+        self,
+        target: str | Script,
+        *,
+        keys: Iterable[Arg] = (),
+        args: Iterable[Arg] = (),
+        backend: str = "default",
+        owner: str,
+    ) -> Handle[Any]:
+        """Declare a command (``"GET"``, ``"MGET"``, …) or a :class:`Script` call.
+
+        Sync and never blocking: the command leaves with the next round. ``keys`` come
+        first on the wire for plain commands (``SET k v`` is ``keys=[k], args=[v]``).
+
+        Raises:
+            BatchClosed: the scope has closed.
+            ValueError: ``backend`` is not one of the scope's backends.
+        """
+        scope = self._scope
+        return scope._declare(make_command(target, keys, args, backend, owner, scope._backends))
+
+
+@asynccontextmanager
+async def open_batch_scope(
+    backends: Mapping[str, Backend],
+    *,
+    tracer: Tracer | None = None,
+    trace_id: str | None = None,
+    phase: str = BEFORE,
+) -> AsyncIterator[BatchScope]:
+    """Open a batch scope: a nursery whose participants share flushes.
+
+    Args:
+        backends: backend name → backend. Names that map to the same object share one
+            pipeline per round.
+        tracer: receives a :class:`FlushRecord` per pipeline.
+        trace_id: the request id the records carry (a counter if not given).
+        phase: ``"before"`` or ``"after"`` the model call, for the records.
+
+    On exit, waits for every participant; commands declared and never awaited still
+    leave in a last round. Entering is not a checkpoint; exiting is.
+    """
+    scope: BatchScope | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            scope = BatchScope._create(
+                nursery, backends, tracer, trace_id or f"scope-{next(_trace_ids)}", phase
+            )
+            yield scope
+            # Leftovers (declared, never awaited) leave once the participants allow it;
+            # the nursery's exit then waits for participants and flushes alike.
+            scope._check()
+    finally:
+        if scope is not None:
+            scope._closed = True

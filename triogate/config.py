@@ -1,0 +1,507 @@
+"""Configuration: LiteLLM's YAML shape for the common subset, plus a ``triogate:`` section.
+
+Two layers. The *file* classes (``ConfigFile`` and below) mirror the YAML as users write
+it, LiteLLM's key names included (``timeout``, ``cooldown_time``: seconds), so a LiteLLM
+file loads unchanged when it uses only what triogate supports. cattrs structures them with
+``forbid_extra_keys``: a typo or an unsupported key is an error naming its path, never
+silence. :func:`load_config` then normalises the file into :class:`GatewayConfig`, the
+frozen record the gateway uses, with units in every name (``timeout_s``).
+
+Environment variables are read in one place: ``os.environ/NAME`` and ``${NAME}`` in
+values are resolved here from the mapping the caller passes (``cli.py`` passes
+``os.environ``), and ``TRIOGATE_REDIS_URL``, ``TRIOGATE_DATABASE_URL`` and
+``TRIOGATE_MASTER_KEY`` override the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from decimal import Decimal, InvalidOperation
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import cattrs
+import yaml
+from cattrs.errors import ClassValidationError
+
+from triogate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+PROVIDERS = ("openai", "anthropic", "mock")
+STRATEGIES = (
+    "simple-shuffle",
+    "least-busy",
+    "usage-based-routing",
+    "usage-based-routing-v2",
+    "latency-based-routing",
+)
+FailurePolicy = Literal["fail-open", "fail-closed"]
+
+_positive = attrs.validators.gt(0)
+_non_negative = attrs.validators.ge(0)
+
+
+def _optional(validator: Any) -> Any:
+    return attrs.validators.optional(validator)
+
+
+# --------------------------------------------------------------------------- the file
+
+
+@attrs.frozen(kw_only=True)
+class LitellmParams:
+    """``model_list[].litellm_params``. ``timeout`` is in seconds, prices in USD per token."""
+
+    model: str
+    api_base: str | None = None
+    api_key: str | None = attrs.field(default=None, repr=False)
+    rpm: int | None = attrs.field(default=None, validator=_optional(_positive))
+    tpm: int | None = attrs.field(default=None, validator=_optional(_positive))
+    timeout: float | None = attrs.field(default=None, validator=_optional(_positive))
+    stream_timeout: float | None = attrs.field(default=None, validator=_optional(_positive))
+    weight: float = attrs.field(default=1.0, validator=_positive)
+    input_cost_per_token: float | str | None = None
+    output_cost_per_token: float | str | None = None
+    # triogate's mock provider only (``model: mock/<name>``):
+    mock_response: str | None = None
+    mock_latency_ms: float = attrs.field(default=0.0, validator=_non_negative)
+    mock_first_token_ms: float | None = attrs.field(default=None, validator=_optional(_non_negative))
+    mock_output_tokens: int | None = attrs.field(default=None, validator=_optional(_positive))
+    mock_failure_rate: float = attrs.field(
+        default=0.0, validator=[_non_negative, attrs.validators.le(1)]
+    )
+    mock_failure_status: int = 500
+
+
+@attrs.frozen(kw_only=True)
+class ModelEntry:
+    """One ``model_list`` item: a deployment of the model group ``model_name``."""
+
+    model_name: str
+    litellm_params: LitellmParams
+    model_info: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen(kw_only=True)
+class RouterSettingsFile:
+    """``router_settings``. ``timeout`` and ``cooldown_time`` are in seconds."""
+
+    routing_strategy: str = "simple-shuffle"
+    num_retries: int = attrs.field(default=2, validator=_non_negative)
+    timeout: float | None = attrs.field(default=None, validator=_optional(_positive))
+    allowed_fails: int = attrs.field(default=3, validator=_non_negative)
+    cooldown_time: float = attrs.field(default=5.0, validator=_non_negative)
+    retry_after: float = attrs.field(default=0.0, validator=_non_negative)
+    fallbacks: list[dict[str, list[str]]] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
+class GeneralSettingsFile:
+    """``general_settings``: the subset triogate supports."""
+
+    master_key: str | None = attrs.field(default=None, repr=False)
+    database_url: str | None = attrs.field(default=None, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class CacheParamsFile:
+    """``litellm_settings.cache_params``: only the Redis cache exists here."""
+
+    type: Literal["redis"] = "redis"
+    ttl: float = attrs.field(default=600.0, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class LitellmSettingsFile:
+    """``litellm_settings``: the subset triogate supports (the rest is refused by name)."""
+
+    cache: bool = False
+    cache_params: CacheParamsFile = attrs.Factory(CacheParamsFile)
+    request_timeout: float | None = attrs.field(default=None, validator=_optional(_positive))
+
+
+@attrs.frozen(kw_only=True)
+class RedisSettings:
+    """Where counters, caches and routing state live, and how long to wait for them."""
+
+    url: str | None = attrs.field(default=None, repr=False)
+    timeout_s: float = attrs.field(default=0.5, validator=_positive)
+    pool_size: int = attrs.field(default=64, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class PolicySettings:
+    """What each check does when Redis does not answer in time."""
+
+    budgets: FailurePolicy = "fail-open"
+    rate_limits: FailurePolicy = "fail-open"
+
+
+@attrs.frozen(kw_only=True)
+class GovernanceSettings:
+    """Budgets and limits knobs that are not per key."""
+
+    identity_ttl_s: float = attrs.field(default=60.0, validator=_positive)
+    #: Output tokens assumed when a request sets no max_tokens (estimates only).
+    default_max_output_tokens: int = attrs.field(default=1024, validator=_positive)
+    #: Cap on the output tokens an estimate reserves, whatever max_tokens says.
+    max_reserved_output_tokens: int = attrs.field(default=4096, validator=_positive)
+    #: How long a parallel-request slot or a reservation outlives a dead process.
+    lease_s: float = attrs.field(default=600.0, validator=_positive)
+    end_user_header: str = "x-end-user-id"
+
+
+@attrs.frozen(kw_only=True)
+class TriogateSettings:
+    """The ``triogate:`` section: everything LiteLLM's file has no name for."""
+
+    state_dir: str = ".triogate"
+    redis: RedisSettings = attrs.Factory(RedisSettings)
+    policies: PolicySettings = attrs.Factory(PolicySettings)
+    governance: GovernanceSettings = attrs.Factory(GovernanceSettings)
+    tracing: bool = False
+    log_prompts: bool = False
+    max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
+    shutdown_grace_s: float = attrs.field(default=10.0, validator=_non_negative)
+    post_call_deadline_s: float = attrs.field(default=1.0, validator=_positive)
+    spend_log_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    spend_log_batch_rows: int = attrs.field(default=500, validator=_positive)
+    upstream_max_connections: int = attrs.field(default=1000, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class ConfigFile:
+    """The whole YAML file."""
+
+    model_list: list[ModelEntry] = attrs.Factory(list)
+    router_settings: RouterSettingsFile = attrs.Factory(RouterSettingsFile)
+    general_settings: GeneralSettingsFile = attrs.Factory(GeneralSettingsFile)
+    litellm_settings: LitellmSettingsFile = attrs.Factory(LitellmSettingsFile)
+    triogate: TriogateSettings = attrs.Factory(TriogateSettings)
+
+
+# --------------------------------------------------------------------------- normalised
+
+
+@attrs.frozen(kw_only=True)
+class MockSettings:
+    """Behaviour of a ``mock/`` deployment (deterministic; for tests and benchmarks)."""
+
+    response: str | None = None
+    latency_s: float = 0.0
+    first_token_s: float | None = None
+    output_tokens: int | None = None
+    failure_rate: float = 0.0
+    failure_status: int = 500
+
+
+@attrs.frozen(kw_only=True)
+class Price:
+    """USD per token, kept as exact decimals; costs come out in integer nano-USD."""
+
+    input_usd_per_token: Decimal = Decimal(0)
+    output_usd_per_token: Decimal = Decimal(0)
+
+    def cost_nanousd(self, input_tokens: int, output_tokens: int) -> int:
+        """Cost of a call, rounded half-up to a whole nano-dollar."""
+        usd = input_tokens * self.input_usd_per_token + output_tokens * self.output_usd_per_token
+        return int((usd * 1_000_000_000).to_integral_value(rounding="ROUND_HALF_UP"))
+
+
+@attrs.frozen(kw_only=True)
+class Deployment:
+    """One upstream model endpoint, member of the model group ``group``."""
+
+    id: str
+    group: str
+    provider: str
+    upstream_model: str
+    api_base: str | None
+    api_key: str | None = attrs.field(repr=False)
+    rpm: int | None
+    tpm: int | None
+    timeout_s: float
+    stream_timeout_s: float
+    weight: float
+    price: Price
+    mode: str
+    mock: MockSettings | None
+    info: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class RouterSettings:
+    """Routing and retry policy, normalised (seconds in ``_s`` fields)."""
+
+    strategy: str
+    num_retries: int
+    timeout_s: float | None
+    allowed_fails: int
+    cooldown_s: float
+    retry_after_s: float
+    fallbacks: Mapping[str, tuple[str, ...]]
+
+
+@attrs.frozen(kw_only=True)
+class CacheSettings:
+    """The response cache."""
+
+    enabled: bool
+    ttl_s: float
+
+
+@attrs.frozen(kw_only=True)
+class GatewayConfig:
+    """Everything the gateway needs, validated and normalised. Frozen: reload swaps it."""
+
+    deployments: tuple[Deployment, ...]
+    router: RouterSettings
+    master_key: str | None = attrs.field(repr=False)
+    database_url: str | None = attrs.field(repr=False)
+    cache: CacheSettings
+    request_timeout_s: float | None
+    settings: TriogateSettings
+    source: str
+
+    @property
+    def groups(self) -> dict[str, tuple[Deployment, ...]]:
+        """Model group name → its deployments, in file order."""
+        out: dict[str, list[Deployment]] = {}
+        for d in self.deployments:
+            out.setdefault(d.group, []).append(d)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.settings.state_dir)
+
+
+# --------------------------------------------------------------------------- loading
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def expand_env(value: Any, environ: Mapping[str, str], path: str = "$") -> Any:
+    """Resolve ``os.environ/NAME`` (LiteLLM) and ``${NAME}`` in every string of ``value``.
+
+    Raises:
+        ConfigError: a referenced variable is not set (the message names the key path).
+    """
+    if isinstance(value, dict):
+        return {k: expand_env(v, environ, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, environ, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+    if value.startswith("os.environ/"):
+        name = value.removeprefix("os.environ/")
+        if name not in environ:
+            raise ConfigError(f"{path}: environment variable {name} is not set")
+        return environ[name]
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(1) not in environ:
+            raise ConfigError(f"{path}: environment variable {match.group(1)} is not set")
+        return environ[match.group(1)]
+
+    return _ENV_REF.sub(sub, value)
+
+
+def _format_errors(exc: ClassValidationError, source: str) -> str:
+    lines = []
+    for message in cattrs.transform_error(exc, path="$"):
+        extra = re.match(r"extra fields found \((.*)\) @ (.*)", message)
+        if extra:
+            for name in extra.group(1).split(", "):
+                lines.append(f"{extra.group(2)}.{name}: unsupported key (not known to triogate)")
+        else:
+            lines.append(message)
+    return f"invalid configuration in {source}:\n  " + "\n  ".join(lines)
+
+
+def _decimal(value: float | str | None, path: str) -> Decimal:
+    if value is None:
+        return Decimal(0)
+    try:
+        result = Decimal(str(value))
+    except InvalidOperation as exc:
+        raise ConfigError(f"{path}: not a number: {value!r}") from exc
+    if result < 0:
+        raise ConfigError(f"{path}: must be >= 0")
+    return result
+
+
+def _deployment(i: int, entry: ModelEntry, default_timeout_s: float) -> Deployment:
+    params = entry.litellm_params
+    path = f"$.model_list[{i}].litellm_params"
+    provider, sep, upstream = params.model.partition("/")
+    if not sep or provider not in PROVIDERS or not upstream:
+        raise ConfigError(
+            f"{path}.model: {params.model!r} must be <provider>/<model> with provider one of "
+            f"{', '.join(PROVIDERS)}"
+        )
+    mode = str(entry.model_info.get("mode", "chat"))
+    if mode not in ("chat", "embedding"):
+        raise ConfigError(f"$.model_list[{i}].model_info.mode: {mode!r} is not chat or embedding")
+    if provider != "mock" and any(
+        getattr(params, f) != getattr(_MOCK_DEFAULTS, f)
+        for f in ("mock_response", "mock_latency_ms", "mock_failure_rate", "mock_output_tokens")
+    ):
+        raise ConfigError(f"{path}: mock_* settings only apply to mock/ models")
+    ident = str(entry.model_info.get("id") or hashlib.sha256(
+        f"{entry.model_name}|{params.model}|{params.api_base}|{i}".encode()
+    ).hexdigest()[:16])
+    timeout_s = params.timeout or default_timeout_s
+    return Deployment(
+        id=ident,
+        group=entry.model_name,
+        provider=provider,
+        upstream_model=upstream,
+        api_base=params.api_base.rstrip("/") if params.api_base else None,
+        api_key=params.api_key,
+        rpm=params.rpm,
+        tpm=params.tpm,
+        timeout_s=timeout_s,
+        stream_timeout_s=params.stream_timeout or timeout_s,
+        weight=params.weight,
+        price=Price(
+            input_usd_per_token=_decimal(params.input_cost_per_token, f"{path}.input_cost_per_token"),
+            output_usd_per_token=_decimal(
+                params.output_cost_per_token, f"{path}.output_cost_per_token"
+            ),
+        ),
+        mode=mode,
+        mock=MockSettings(
+            response=params.mock_response,
+            latency_s=params.mock_latency_ms / 1000,
+            first_token_s=None if params.mock_first_token_ms is None
+            else params.mock_first_token_ms / 1000,
+            output_tokens=params.mock_output_tokens,
+            failure_rate=params.mock_failure_rate,
+            failure_status=params.mock_failure_status,
+        )
+        if provider == "mock"
+        else None,
+        info=dict(entry.model_info),
+    )
+
+
+_MOCK_DEFAULTS = LitellmParams(model="mock/x")
+
+
+def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
+    """Turn the structured file into a :class:`GatewayConfig`; check cross-references.
+
+    Raises:
+        ConfigError: unknown strategy, bad model string, duplicate ids, fallbacks naming
+            unknown groups.
+    """
+    rs = file.router_settings
+    if rs.routing_strategy not in STRATEGIES:
+        raise ConfigError(
+            f"$.router_settings.routing_strategy: {rs.routing_strategy!r} is not one of "
+            f"{', '.join(STRATEGIES)}"
+        )
+    default_timeout_s = rs.timeout or file.litellm_settings.request_timeout or DEFAULT_TIMEOUT_S
+    deployments = tuple(
+        _deployment(i, e, default_timeout_s) for i, e in enumerate(file.model_list)
+    )
+    seen: set[str] = set()
+    for i, d in enumerate(deployments):
+        if d.id in seen:
+            raise ConfigError(f"$.model_list[{i}].model_info.id: duplicate id {d.id!r}")
+        seen.add(d.id)
+    groups = {d.group for d in deployments}
+    fallbacks: dict[str, tuple[str, ...]] = {}
+    for i, item in enumerate(rs.fallbacks):
+        for group, targets in item.items():
+            for name in (group, *targets):
+                if name not in groups:
+                    raise ConfigError(
+                        f"$.router_settings.fallbacks[{i}]: unknown model group {name!r}"
+                    )
+            fallbacks[group] = tuple(targets)
+    ls = file.litellm_settings
+    return GatewayConfig(
+        deployments=deployments,
+        router=RouterSettings(
+            strategy=rs.routing_strategy,
+            num_retries=rs.num_retries,
+            timeout_s=rs.timeout,
+            allowed_fails=rs.allowed_fails,
+            cooldown_s=rs.cooldown_time,
+            retry_after_s=rs.retry_after,
+            fallbacks=fallbacks,
+        ),
+        master_key=file.general_settings.master_key,
+        database_url=file.general_settings.database_url,
+        cache=CacheSettings(enabled=ls.cache, ttl_s=ls.cache_params.ttl),
+        request_timeout_s=ls.request_timeout,
+        settings=file.triogate,
+        source=source,
+    )
+
+
+def parse_config(
+    raw: Any, *, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Structure and normalise an already-parsed YAML document.
+
+    Raises:
+        ConfigError: anything wrong, with every problem's key path in the message.
+    """
+    environ = environ or {}
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"invalid configuration in {source}: the top level must be a mapping")
+    raw = expand_env(raw, environ)
+    raw.setdefault("triogate", {})
+    if raw["triogate"] is None:
+        raw["triogate"] = {}
+    redis = raw["triogate"].setdefault("redis", {}) or {}
+    raw["triogate"]["redis"] = redis
+    general = raw.setdefault("general_settings", {}) or {}
+    raw["general_settings"] = general
+    if environ.get("TRIOGATE_REDIS_URL"):
+        redis["url"] = environ["TRIOGATE_REDIS_URL"]
+    if environ.get("TRIOGATE_DATABASE_URL"):
+        general["database_url"] = environ["TRIOGATE_DATABASE_URL"]
+    if environ.get("TRIOGATE_MASTER_KEY"):
+        general["master_key"] = environ["TRIOGATE_MASTER_KEY"]
+    try:
+        file = _converter.structure(raw, ConfigFile)
+    except ClassValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid configuration in {source}: {exc}") from None
+    return normalise(file, source=source)
+
+
+def load_config(path: Path | None, *, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Load ``path`` (or the example config shipped with triogate when None).
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, or invalid contents.
+    """
+    if path is None:
+        text = resources.files("triogate").joinpath("example.yaml").read_text()
+        source = "triogate/example.yaml"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        source = str(path)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from None
+    return parse_config(raw, source=source, environ=environ)

@@ -1,0 +1,104 @@
+"""Who a request is: its key, team, user, end user and tags, with their limits.
+
+Records only; resolving them (memory cache, one Redis MGET, SQL) is ``identity.py``.
+Every limit is optional (None = unlimited). Money is in integer nano-USD.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+KINDS = ("key", "team", "user", "end_user", "tag")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Limits:
+    """Budget and rate limits of one principal.
+
+    Attributes:
+        max_budget_nanousd: spend allowed per budget period (nano-USD); None = no budget.
+        budget_duration_s: length of a budget period; None = one period forever.
+        budget_anchor_s: epoch second the periods count from (the principal's creation),
+            so period ``n`` is ``[anchor + n·duration, anchor + (n+1)·duration)``.
+        rpm: requests per minute (sliding window).
+        tpm: tokens per minute (sliding window; reserved on an estimate, settled after).
+        max_parallel: requests in flight at once.
+    """
+
+    max_budget_nanousd: int | None = None
+    budget_duration_s: int | None = None
+    budget_anchor_s: int = 0
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+
+    def budget_period(self, now_ms: int) -> int:
+        """Index of the budget period containing ``now_ms`` (0 when there is no duration)."""
+        if not self.budget_duration_s:
+            return 0
+        return max(0, (now_ms // 1000 - self.budget_anchor_s) // self.budget_duration_s)
+
+    def budget_period_end_ms(self, now_ms: int) -> int | None:
+        """When the current period ends (epoch ms), or None for a lifetime budget."""
+        if not self.budget_duration_s:
+            return None
+        period = self.budget_period(now_ms)
+        return (self.budget_anchor_s + (period + 1) * self.budget_duration_s) * 1000
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Principal:
+    """One party a request is accounted to.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        id: for a key, the SHA-256 of the key (the raw key is never kept); else its id.
+        limits: its budget and rate limits.
+        models: model groups it may use; empty = any.
+        blocked: refuse every request.
+        expires_ms: for keys, when the key stops working (epoch ms).
+        model_rpm, model_tpm: for keys, per-model-group limits.
+        alias: a display name (key alias, team alias, ...), for logs and reports.
+    """
+
+    kind: str
+    id: str
+    limits: Limits = attrs.Factory(Limits)
+    models: tuple[str, ...] = ()
+    blocked: bool = False
+    expires_ms: int | None = None
+    model_rpm: Mapping[str, int] = attrs.Factory(dict)
+    model_tpm: Mapping[str, int] = attrs.Factory(dict)
+    alias: str | None = None
+
+    def allows_model(self, group: str) -> bool:
+        """Whether ``group`` is in ``models`` (or ``models`` is empty)."""
+        return not self.models or group in self.models or "*" in self.models
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Identity:
+    """The principals of one request. ``master`` requests skip governance."""
+
+    key: Principal
+    team: Principal | None = None
+    user: Principal | None = None
+    end_user: Principal | None = None
+    tags: tuple[Principal, ...] = ()
+    master: bool = False
+
+    def principals(self) -> Iterator[Principal]:
+        """Key, team, user, end user, then tags: every party present, in that order."""
+        yield self.key
+        for p in (self.team, self.user, self.end_user):
+            if p is not None:
+                yield p
+        yield from self.tags
