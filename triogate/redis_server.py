@@ -136,8 +136,10 @@ class SyncServer:
         self.spec = server_spec(state_dir, persistent=persistent)
         if self.spec.socket_path.exists():
             self.spec.socket_path.unlink()
+        # Its own session: a Ctrl-C at the terminal must not stop it before we drain.
         self.process = subprocess.Popen(self.spec.argv, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not _ping_sync(self.spec.socket_path):
             if self.process.poll() is not None:
@@ -174,9 +176,11 @@ async def open_embedded_server(
     spec = server_spec(Path(state_dir), persistent=persistent)
     if spec.socket_path.exists():
         spec.socket_path.unlink()
+    # Its own session: a Ctrl-C at the terminal reaches the gateway, which drains its
+    # writes into this server before stopping it; the server must not stop first.
     process = await trio.lowlevel.open_process(
         list(spec.argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
         with trio.move_on_after(_START_TIMEOUT_S) as cs:

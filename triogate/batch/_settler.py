@@ -30,7 +30,7 @@ from ._scope import make_command, own_error
 from ._tracer import AFTER, FlushRecord
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Mapping
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
     from ._backend import Backend
     from ._command import Arg, Command
@@ -114,6 +114,11 @@ class PostCallBatch:
         return handle
 
     @property
+    def rounds(self) -> int:
+        """Flushes that carried this batch (1 normally; 0 if it declared nothing)."""
+        return self._rounds
+
+    @property
     def commands(self) -> tuple[Command, ...]:
         """What was declared so far."""
         return tuple(h.command for h in self._handles)
@@ -161,6 +166,8 @@ class Settler:
         journal: where failed batches go; None to fail their handles instead.
         max_batches_per_flush: bound on one group commit.
         replay_interval_s: how often to retry journal replay while entries wait.
+        on_settled: called (sync) with each batch once it is sent or journaled, e.g. to
+            observe its waits in metrics.
     """
 
     def __init__(
@@ -171,8 +178,10 @@ class Settler:
         journal: Journal | None = None,
         max_batches_per_flush: int = 1024,
         replay_interval_s: float = 1.0,
+        on_settled: Callable[[PostCallBatch], None] | None = None,
     ) -> None:
         self._backends = backends
+        self._on_settled = on_settled
         self._tracer = tracer
         self._journal = journal
         self._max_batches = max_batches_per_flush
@@ -288,6 +297,8 @@ class Settler:
                     await self._journal_failed(failed, owners, commands)
             for batch in batches:
                 batch._settled.set()
+                if self._on_settled is not None:
+                    self._on_settled(batch)
             self._batches += len(batches)
             self._in_flight = 0
 
