@@ -26,6 +26,7 @@ import attrs
 import cattrs
 import yaml
 from cattrs.errors import ClassValidationError
+from cattrs.v import format_exception
 
 from triogate.errors import ConfigError
 
@@ -284,6 +285,17 @@ class GatewayConfig:
 # --------------------------------------------------------------------------- loading
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _price(value: Any, _: Any) -> float | str | None:
+    """Prices stay as written (float or string, e.g. ``1e-6`` which YAML 1.1 reads as a
+    string); ``_decimal`` turns them into exact decimals and names the field on error."""
+    if value is None or isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        return value  # type: ignore[no-any-return]
+    raise ValueError(f"expected a number, got {value!r}")
+
+
+_converter.register_structure_hook(float | str | None, _price)  # type: ignore[arg-type]
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -314,9 +326,16 @@ def expand_env(value: Any, environ: Mapping[str, str], path: str = "$") -> Any:
     return _ENV_REF.sub(sub, value)
 
 
+def _describe(exc: BaseException, type_: Any) -> str:
+    """Validators' own messages (``'rpm' must be > 0: -1``) beat cattrs' "invalid value"."""
+    if isinstance(exc, ValueError) and not isinstance(exc, cattrs.BaseValidationError) and str(exc):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
 def _format_errors(exc: ClassValidationError, source: str) -> str:
     lines = []
-    for message in cattrs.transform_error(exc, path="$"):
+    for message in cattrs.transform_error(exc, path="$", format_exception=_describe):
         extra = re.match(r"extra fields found \((.*)\) @ (.*)", message)
         if extra:
             for name in extra.group(1).split(", "):
