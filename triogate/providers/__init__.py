@@ -1,0 +1,74 @@
+"""Upstream model providers: OpenAI-compatible, Anthropic, and a deterministic mock.
+
+Every provider implements :class:`triogate.providers.base.Provider`. :func:`build_providers`
+creates them with one pooled httpx client per provider kind, for the app nursery to own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import httpx
+
+from triogate.providers.anthropic import AnthropicProvider
+from triogate.providers.base import CONNECT_TIMEOUT_S
+from triogate.providers.mock import MockProvider
+from triogate.providers.openai import OpenAIProvider
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from triogate.config import GatewayConfig
+    from triogate.providers.base import Provider
+
+#: Idle connections kept per client: enough that a burst does not reconnect.
+MAX_KEEPALIVE_CONNECTIONS = 200
+#: Seconds an idle upstream connection is kept.
+KEEPALIVE_EXPIRY_S = 30.0
+#: The client-wide default; each request passes its deployment's own timeout.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def new_upstream_client(*, max_connections: int) -> httpx.AsyncClient:
+    """An httpx client fit for LLM upstreams.
+
+    httpx's defaults (5 s timeout, 20 keep-alive connections) suit web APIs, not long
+    generations under bursts. HTTP/1.1 only; environment proxies are ignored (trust_env
+    off) so that configuration lives in one place.
+    """
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+        limits=httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=min(MAX_KEEPALIVE_CONNECTIONS, max_connections),
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        ),
+        http1=True,
+        http2=False,
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+@contextlib.asynccontextmanager
+async def build_providers(
+    config: GatewayConfig, *, max_connections: int = 1000
+) -> AsyncIterator[dict[str, Provider]]:
+    """Providers by kind ("openai", "anthropic", "mock"); clients closed on exit.
+
+    Args:
+        config: the gateway configuration (read for nothing yet but kept so that
+            per-kind settings can come from it without changing callers).
+        max_connections: per client (per provider kind).
+    """
+    del config
+    async with (
+        new_upstream_client(max_connections=max_connections) as openai_client,
+        new_upstream_client(max_connections=max_connections) as anthropic_client,
+    ):
+        yield {
+            "openai": OpenAIProvider(openai_client),
+            "anthropic": AnthropicProvider(anthropic_client),
+            "mock": MockProvider(seed=0),
+        }

@@ -1,0 +1,113 @@
+"""OpenAI-compatible upstreams: OpenAI itself, vLLM, llama.cpp, Ollama, other gateways.
+
+Native for chat completions and embeddings; Anthropic messages and Responses API requests
+go through chat completions (see :mod:`.translate`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from triogate.errors import ProviderProtocolError
+from triogate.providers.base import (
+    Completion,
+    Usage,
+    complete_via_hub,
+    post_json,
+    upstream_body,
+)
+from triogate.providers.streaming import check_streamable, open_hub_stream
+from triogate.providers.tokens import estimate_input_tokens
+from triogate.providers.translate import ChatHub
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from contextlib import AbstractAsyncContextManager
+
+    import httpx
+
+    from triogate.config import Deployment
+    from triogate.providers.base import Api, ProviderStream
+
+DEFAULT_API_BASE = "https://api.openai.com/v1"
+
+
+class OpenAIProvider:
+    """Calls ``{api_base}/chat/completions`` and ``{api_base}/embeddings``.
+
+    Args:
+        client: the pooled client shared by every OpenAI-compatible deployment.
+        clock: wall-clock seconds, for the ``created`` field of translated answers.
+    """
+
+    def __init__(
+        self, client: httpx.AsyncClient, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._hub = ChatHub()
+
+    @staticmethod
+    def _url(deployment: Deployment, path: str) -> str:
+        return (deployment.api_base or DEFAULT_API_BASE).rstrip("/") + path
+
+    @staticmethod
+    def _headers(deployment: Deployment) -> dict[str, str]:
+        return {"authorization": f"Bearer {deployment.api_key}"} if deployment.api_key else {}
+
+    async def complete(
+        self, api: Api, body: Mapping[str, Any], deployment: Deployment
+    ) -> Completion:
+        """One call (a checkpoint). Raises ProviderError subclasses, or ValueError."""
+        if api == "embeddings":
+            return await self._embed(body, deployment)
+        return await complete_via_hub(
+            self._client,
+            self._hub,
+            api,
+            body,
+            deployment,
+            url=self._url(deployment, "/chat/completions"),
+            headers=self._headers(deployment),
+            created_s=int(self._clock()),
+        )
+
+    def stream(
+        self, api: Api, body: Mapping[str, Any], deployment: Deployment
+    ) -> AbstractAsyncContextManager[ProviderStream]:
+        """A streamed chat completion, translated to ``api``'s events.
+
+        Raises:
+            ValueError: at once, for embeddings.
+        """
+        check_streamable(api)
+        return open_hub_stream(
+            self._client,
+            self._hub,
+            api,
+            body,
+            deployment,
+            url=self._url(deployment, "/chat/completions"),
+            headers=self._headers(deployment),
+            created_s=int(self._clock()),
+        )
+
+    async def _embed(self, body: Mapping[str, Any], deployment: Deployment) -> Completion:
+        response = await post_json(
+            self._client,
+            self._url(deployment, "/embeddings"),
+            headers=self._headers(deployment),
+            body=upstream_body(body, deployment),
+            timeout_s=deployment.timeout_s,
+        )
+        if not isinstance(response.get("data"), list):
+            raise ProviderProtocolError("upstream embeddings reply has no data list")
+        usage = Usage.from_chat({"completion_tokens": 0, **(response.get("usage") or {})})
+        if usage is None:
+            usage = Usage(
+                input_tokens=estimate_input_tokens("embeddings", body),
+                output_tokens=0,
+                reported=False,
+            )
+        return Completion(body=response, usage=usage)
