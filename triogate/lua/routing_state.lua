@@ -1,0 +1,116 @@
+-- routing_state.lua: read one model group's routing state; optionally claim a
+-- least-busy slot on the deployment with the fewest requests in flight.
+--
+-- Called once per group before the model call (triogate/routing/router.py), in the same
+-- round as auth, budgets, rate limits and the cache. Every key is in the group's hash
+-- tag {rt:<group>} (triogate/routing/keys.py), so one call touches one cluster slot.
+--
+-- KEYS[1]      usage hash of the current minute  tg:{rt:g}:usage:<minute>
+--              fields rpm:<id>, tpm:<id>, fail:<id> (integers)
+-- KEYS[2]      cooldown hash  tg:{rt:g}:cooldown   field <id> -> until (epoch ms)
+-- KEYS[3]      latency hash   tg:{rt:g}:latency    field <id> -> EWMA (ms, decimal)
+-- KEYS[3+i]    in-flight ZSET of deployment i: request id -> lease expiry (epoch ms)
+--
+-- ARGV[1]      now_ms: epoch ms. Time comes from ARGV, never from TIME.
+-- ARGV[2]      mode: "read" (no writes at all) or "claim" (least-busy: claim a slot)
+-- ARGV[3]      request id (the claim's ZSET member)
+-- ARGV[4]      lease_ms: how long a claim outlives a process that never releases it
+-- ARGV[5]      estimate_tokens: the request's estimated tokens, for TPM limits
+-- ARGV[6]      offset: 0-based index where the claim's scan starts (the caller's RNG),
+--              so ties are broken at random rather than always in favour of the first
+-- ARGV[7+3(i-1) .. 9+3(i-1)]  deployment i: id, rpm limit, tpm limit (0 = no limit)
+--
+-- Eligible for a claim: not cooling down (until <= now), rpm used < rpm limit, and
+-- tpm used < tpm limit with tpm used + estimate <= tpm limit, unless no tokens were used
+-- this minute (a request larger than a whole minute's limit still goes to an idle
+-- deployment). The same rule is cooldowns.under_limits in triogate/routing/cooldowns.py.
+--
+-- Returns: { claimed, then for each deployment i in order:
+--            rpm, tpm, fails, cooldown_until_ms (0 = none or expired), in_flight,
+--            latency_ms (string; "" = unknown) }
+--          claimed is the 1-based index of the claimed deployment, 0 for none (read
+--          mode, or nothing eligible). A request that already holds a live claim in
+--          the group gets that one back (no second claim). in_flight counts live leases
+--          (expiry > now), including the claim just made.
+-- Integers only for counters; no money here.
+
+local n = #KEYS - 3
+local now = tonumber(ARGV[1])
+local claim = ARGV[2] == 'claim'
+local request_id = ARGV[3]
+local lease_ms = tonumber(ARGV[4])
+local estimate = tonumber(ARGV[5])
+local offset = tonumber(ARGV[6])
+
+local function num(value)
+  if value then return tonumber(value) end
+  return 0
+end
+
+local stats = {}
+for i = 1, n do
+  local base = 7 + 3 * (i - 1)
+  local id = ARGV[base]
+  local s = {
+    rpm_limit = tonumber(ARGV[base + 1]),
+    tpm_limit = tonumber(ARGV[base + 2]),
+    rpm = num(redis.call('HGET', KEYS[1], 'rpm:' .. id)),
+    tpm = num(redis.call('HGET', KEYS[1], 'tpm:' .. id)),
+    fails = num(redis.call('HGET', KEYS[1], 'fail:' .. id)),
+    until_ms = num(redis.call('HGET', KEYS[2], id)),
+    latency = redis.call('HGET', KEYS[3], id) or '',
+  }
+  if s.until_ms <= now then s.until_ms = 0 end
+  if claim then
+    -- A dead process's claims expire with their lease.
+    redis.call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', now)
+    s.in_flight = redis.call('ZCARD', KEYS[3 + i])
+  else
+    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], '(' .. now, '+inf')
+  end
+  stats[i] = s
+end
+
+local claimed = 0
+if claim then
+  -- A request holds at most one claim per group: claiming again returns the same one.
+  for i = 1, n do
+    if redis.call('ZSCORE', KEYS[3 + i], request_id) then
+      claimed = i
+      break
+    end
+  end
+end
+if claim and claimed == 0 and n > 0 then
+  local best = nil
+  for j = 0, n - 1 do
+    local i = ((offset + j) % n) + 1
+    local s = stats[i]
+    local eligible = s.until_ms == 0
+      and (s.rpm_limit == 0 or s.rpm < s.rpm_limit)
+      and (s.tpm_limit == 0 or s.tpm == 0
+           or (s.tpm < s.tpm_limit and s.tpm + estimate <= s.tpm_limit))
+    if eligible and (best == nil or s.in_flight < stats[best].in_flight) then
+      best = i
+    end
+  end
+  if best ~= nil then
+    local key = KEYS[3 + best]
+    redis.call('ZADD', key, now + lease_ms, request_id)
+    redis.call('PEXPIRE', key, lease_ms)
+    stats[best].in_flight = redis.call('ZCARD', key)
+    claimed = best
+  end
+end
+
+local out = { claimed }
+for i = 1, n do
+  local s = stats[i]
+  out[#out + 1] = s.rpm
+  out[#out + 1] = s.tpm
+  out[#out + 1] = s.fails
+  out[#out + 1] = s.until_ms
+  out[#out + 1] = s.in_flight
+  out[#out + 1] = s.latency
+end
+return out
