@@ -1,0 +1,397 @@
+"""Budgets: a participant that reserves a request's estimated cost, and its settlement.
+
+Before the model call, :func:`reserve` declares one ``budget_reserve.lua`` call per
+principal that has a budget (key, team, user, end user, tags), all in the same round,
+and awaits them together: one wait. Each call checks and reserves atomically in the
+principal's own hash tag. After the call (or a rejection, failure, cancellation or cache
+hit), :func:`settle` declares one ``budget_settle.lua`` per principal on the request's
+post-call batch: it releases the reservation and charges the actual cost, idempotently
+by request id.
+
+The admission rule, per principal and budget period (integers, nano-USD)::
+
+    admit  iff  spend + reserved + estimate <= max_budget
+           or   spend + reserved == 0 and spend < max_budget
+
+The second line keeps one large ``max_tokens`` estimate from locking a fresh period out
+for good; the period's first request may overshoot by its own cost, never more.
+
+Periods: ``Limits.budget_period(now_ms)`` names the period; a new period is a new key,
+so nothing resets budgets. Keys live for the rest of the period plus
+``budget_retention_ms``; a lifetime budget's keys never expire. A request is charged to
+the period it was *admitted* in, even if it settles in the next.
+
+When one principal rejects and others already reserved in the same round, nothing is
+undone here: the handler always settles, and settling a rejected request (actual cost 0)
+releases every reservation.
+
+When Redis does not answer (:class:`~triogate.batch.BackendUnavailable`, or an error
+reply): ``fail-open`` decides from the process-local ledger (``local.py``), which knows
+the spend learned from earlier replies and settlements, so a principal already over
+budget is still refused; ``fail-closed`` refuses with 503. Both say ``degraded=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, final
+
+import attrs
+import trio
+
+from triogate.batch import BatchError, Script
+from triogate.governance.decisions import Allowed, Rejected
+from triogate.governance.facts import principal_label
+from triogate.governance.keys import budget_keys, budget_marker
+
+if TYPE_CHECKING:
+    from triogate.batch import Batch, Handle, PostCallBatch
+    from triogate.governance.decisions import Decision
+    from triogate.governance.facts import CheckSettings, RequestFacts
+    from triogate.governance.local import LocalGovernance
+    from triogate.governance.principals import Identity, Principal
+
+OWNER = "budgets"
+RESERVE = Script.from_package("triogate.lua", "budget_reserve.lua")
+SETTLE = Script.from_package("triogate.lua", "budget_settle.lua")
+
+logger = logging.getLogger("triogate.governance.budgets")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BudgetHold:
+    """One principal's part of a request's reservation.
+
+    Attributes:
+        kind, id: the principal.
+        label: how messages name it (alias, or id).
+        period: the budget period the request was admitted in (and is charged to).
+        period_end_ms: when that period ends (epoch ms); None for a lifetime budget.
+        max_budget_nanousd: the period's budget.
+        amount_nanousd: the estimate reserved.
+        settle_needed: a Redis reservation may exist under the request id (made there,
+            or the reply was lost): settlement must run even when nothing is charged.
+        spend_nanousd: spend of the period as seen at admission (Redis, or local state
+            when degraded).
+        reserved_nanousd: reservations of the period in flight as seen at admission
+            (including this request's when it was admitted).
+        degraded: decided from local state.
+    """
+
+    kind: str
+    id: str
+    label: str
+    period: int
+    period_end_ms: int | None
+    max_budget_nanousd: int
+    amount_nanousd: int
+    settle_needed: bool
+    spend_nanousd: int
+    reserved_nanousd: int
+    degraded: bool = False
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BudgetReservation:
+    """Everything :func:`settle` needs, carried from admission to settlement."""
+
+    request_id: str
+    holds: tuple[BudgetHold, ...]
+    backend: str
+    marker_ttl_ms: int
+    retention_ms: int
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BudgetOutcome:
+    """What :func:`reserve` concluded.
+
+    Attributes:
+        decision: Allowed, or Rejected with ``check="budgets"``.
+        reservation: what to settle; None when no principal has a budget (or master).
+        remaining_nanousd: the smallest budget left over the principals after this
+            reservation (None without budgets); never below 0.
+        local: the process-local state to update on settlement.
+    """
+
+    decision: Decision
+    reservation: BudgetReservation | None = None
+    remaining_nanousd: int | None = None
+    local: LocalGovernance | None = attrs.field(default=None, eq=False, repr=False)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BudgetState:
+    """A principal's budget in the current period, as Redis has it (for admin reads)."""
+
+    period: int
+    period_end_ms: int | None
+    spend_nanousd: int
+    reserved_nanousd: int
+    max_budget_nanousd: int | None
+
+
+def _ttl_ms(period_end_ms: int | None, now_ms: int, retention_ms: int) -> int:
+    """TTL of a period's keys: the rest of the period plus retention; 0 = keep forever."""
+    if period_end_ms is None:
+        return 0
+    return max(period_end_ms - now_ms, 0) + retention_ms
+
+
+def _usd(nanousd: int) -> str:
+    return f"${Decimal(nanousd).scaleb(-9).quantize(Decimal('0.000001'))}"
+
+
+def _budgeted(identity: Identity) -> list[Principal]:
+    if identity.master:
+        return []
+    return [p for p in identity.principals() if p.limits.max_budget_nanousd is not None]
+
+
+async def reserve(
+    batch: Batch,
+    identity: Identity,
+    request: RequestFacts,
+    settings: CheckSettings,
+    local: LocalGovernance,
+) -> BudgetOutcome:
+    """Check and reserve ``request.estimate_nanousd`` against every budget of ``identity``.
+
+    Declares every principal's script before awaiting any, so the participant costs one
+    wait, shared with the round's other participants. Always a checkpoint; with nothing to
+    check (master key, no budgets) it declares nothing and joins no round.
+    """
+    principals = _budgeted(identity)
+    if not principals:
+        await trio.lowlevel.checkpoint()
+        return BudgetOutcome(decision=Allowed(), local=local)
+    now_ms = request.now_ms
+    calls: list[tuple[Principal, int, int | None, Handle[object]]] = []
+    for p in principals:
+        limits = p.limits
+        assert limits.max_budget_nanousd is not None
+        period = limits.budget_period(now_ms)
+        end_ms = limits.budget_period_end_ms(now_ms)
+        handle = batch.call(
+            RESERVE,
+            keys=budget_keys(p.kind, p.id, period).as_tuple(),
+            args=(
+                now_ms,
+                request.request_id,
+                request.estimate_nanousd,
+                limits.max_budget_nanousd,
+                settings.lease_ms,
+                _ttl_ms(end_ms, now_ms, settings.budget_retention_ms),
+            ),
+            backend=settings.backend,
+            owner=OWNER,
+        )
+        calls.append((p, period, end_ms, handle))
+
+    holds: list[BudgetHold] = []
+    rejected: Rejected | None = None
+    unavailable = False
+    for p, period, end_ms, handle in calls:
+        max_budget = p.limits.max_budget_nanousd
+        assert max_budget is not None
+        reply = await _reply(handle)
+        degraded = reply is None
+        closed = degraded and settings.budgets_policy == "fail-closed"
+        if reply is not None:
+            admitted, spend, reserved = reply
+            local.budgets.observe(p.kind, p.id, period, spend)
+        elif not closed:
+            verdict = local.budgets.reserve(
+                p.kind, p.id, period,
+                request_id=request.request_id,
+                amount_nanousd=request.estimate_nanousd,
+                max_budget_nanousd=max_budget,
+                now_ms=now_ms,
+                lease_ms=settings.lease_ms,
+            )
+            admitted = verdict.admitted
+            spend, reserved = verdict.spend_nanousd, verdict.reserved_nanousd
+        else:
+            unavailable = True
+            admitted, spend, reserved = False, local.budgets.spend(p.kind, p.id, period), 0
+        hold = BudgetHold(
+            kind=p.kind,
+            id=p.id,
+            label=principal_label(p),
+            period=period,
+            period_end_ms=end_ms,
+            max_budget_nanousd=max_budget,
+            amount_nanousd=request.estimate_nanousd,
+            # A lost reply may hide a reservation made in Redis: settle it too.
+            settle_needed=admitted or degraded,
+            spend_nanousd=spend,
+            reserved_nanousd=reserved,
+            degraded=degraded,
+        )
+        holds.append(hold)
+        if rejected is None and not admitted and not closed:
+            rejected = _over_budget(p, hold, request, degraded=degraded)
+
+    reservation = BudgetReservation(
+        request_id=request.request_id,
+        holds=tuple(holds),
+        backend=settings.backend,
+        marker_ttl_ms=settings.settle_marker_ttl_ms,
+        retention_ms=settings.budget_retention_ms,
+    )
+    remaining = min(
+        max(h.max_budget_nanousd - h.spend_nanousd - h.reserved_nanousd, 0) for h in holds
+    )
+    degraded_any = any(h.degraded for h in holds)
+    decision: Decision
+    if rejected is not None:
+        decision = rejected
+    elif unavailable:
+        decision = Rejected(
+            check="budgets",
+            reason="redis_unavailable",
+            message="Budgets cannot be checked right now (the counter store is unavailable); "
+            "try again shortly",
+            status=503,
+            error_type="service_unavailable",
+            retry_after_s=1.0,
+            degraded=True,
+        )
+    else:
+        decision = Allowed(degraded=degraded_any)
+    return BudgetOutcome(
+        decision=decision, reservation=reservation, remaining_nanousd=remaining, local=local
+    )
+
+
+async def _reply(handle: Handle[object]) -> tuple[bool, int, int] | None:
+    """The script's ``{admitted, spend, reserved}``, or None when Redis could not decide."""
+    try:
+        reply = await handle
+    except BatchError as exc:
+        logger.warning("budget check could not reach Redis: %s", exc)
+        return None
+    if (
+        not isinstance(reply, list)
+        or len(reply) != 3
+        or not all(isinstance(v, int) for v in reply)
+    ):
+        logger.error("budget_reserve returned an unexpected reply: %r", reply)
+        return None
+    return bool(reply[0]), reply[1], reply[2]
+
+
+def _over_budget(
+    principal: Principal, hold: BudgetHold, request: RequestFacts, *, degraded: bool
+) -> Rejected:
+    kind = principal.kind.replace("_", " ")
+    parts = [f"spend {_usd(hold.spend_nanousd)} of {_usd(hold.max_budget_nanousd)} in this period"]
+    if hold.spend_nanousd < hold.max_budget_nanousd:
+        if hold.reserved_nanousd:
+            parts.append(f"{_usd(hold.reserved_nanousd)} reserved by requests in flight")
+        parts.append(f"this request may cost up to {_usd(request.estimate_nanousd)}")
+    if hold.period_end_ms is None:
+        parts.append("lifetime budget")
+    else:
+        resets = datetime.fromtimestamp(hold.period_end_ms / 1000, tz=UTC)
+        parts.append(f"resets {resets.strftime('%Y-%m-%dT%H:%M:%SZ')}")
+    return Rejected(
+        check="budgets",
+        reason="budget_exceeded",
+        message=f"Budget exceeded for {kind} '{hold.label}' ({'; '.join(parts)})",
+        status=400,
+        error_type="budget_exceeded",
+        degraded=degraded,
+    )
+
+
+def settle(
+    post: PostCallBatch,
+    outcome: BudgetOutcome,
+    request: RequestFacts,
+    *,
+    actual_nanousd: int,
+    now_ms: int,
+) -> tuple[Handle[object], ...]:
+    """Release the request's reservations and charge ``actual_nanousd`` (sync, never blocks).
+
+    Declares one ``budget_settle.lua`` per principal that may hold a reservation or has
+    something to charge, on ``post`` (the request's post-call batch); each is idempotent
+    by request id, so the settler may replay it. Also updates the process-local ledger.
+    Call it always: after success (the actual cost), and after a rejection, failure,
+    cancellation or cache hit (0, or what the provider charged).
+
+    Returns:
+        The declared handles (the settler resolves them; callers need not await them).
+
+    Raises:
+        ValueError: ``actual_nanousd`` is negative, or ``request`` is not the request the
+            outcome belongs to.
+        BatchClosed: ``post`` is closed.
+    """
+    reservation = outcome.reservation
+    if reservation is None:
+        return ()
+    if actual_nanousd < 0:
+        raise ValueError(f"actual_nanousd must be >= 0, not {actual_nanousd}")
+    if request.request_id != reservation.request_id:
+        raise ValueError("settle() got another request's outcome")
+    handles = []
+    for hold in reservation.holds:
+        if outcome.local is not None:
+            outcome.local.budgets.settle(
+                hold.kind, hold.id, hold.period,
+                request_id=reservation.request_id, actual_nanousd=actual_nanousd,
+            )
+        if not hold.settle_needed and actual_nanousd == 0:
+            continue
+        handles.append(
+            post.call(
+                SETTLE,
+                keys=(
+                    *budget_keys(hold.kind, hold.id, hold.period).as_tuple(),
+                    budget_marker(hold.kind, hold.id, reservation.request_id),
+                ),
+                args=(
+                    reservation.request_id,
+                    actual_nanousd,
+                    _ttl_ms(hold.period_end_ms, now_ms, reservation.retention_ms),
+                    reservation.marker_ttl_ms,
+                ),
+                backend=reservation.backend,
+                owner=OWNER,
+            )
+        )
+    return tuple(handles)
+
+
+async def budget_state(
+    batch: Batch, principal: Principal, *, now_ms: int, backend: str = "counters"
+) -> BudgetState:
+    """Read a principal's spend and reservations for the current period (one HMGET).
+
+    For admin reads such as ``/key/info``. A checkpoint.
+
+    Raises:
+        BackendUnavailable, CommandError: Redis could not answer.
+    """
+    limits = principal.limits
+    period = limits.budget_period(now_ms)
+    counters = budget_keys(principal.kind, principal.id, period).counters
+    reply = await batch.call(
+        "HMGET", keys=[counters], args=["spend", "reserved"], backend=backend, owner=OWNER
+    )
+    spend, reserved = (int(v) if v is not None else 0 for v in reply)
+    return BudgetState(
+        period=period,
+        period_end_ms=limits.budget_period_end_ms(now_ms),
+        spend_nanousd=spend,
+        reserved_nanousd=reserved,
+        max_budget_nanousd=limits.max_budget_nanousd,
+    )

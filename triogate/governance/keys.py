@@ -1,0 +1,107 @@
+"""Every Redis key of governance (budgets, rate limits), and the hash tags they live in.
+
+Hash tags live here and nowhere else. Each principal has one tag, ``{<kind>:<id>}``, and
+every key a script touches for that principal carries it, so one script call touches one
+Redis Cluster slot. Keys of different principals are in different slots; that is why
+budgets and rate limits make one script call *per principal*, all in the same round.
+
+Layout (``T`` = the principal's tag)::
+
+    tg:T:bud:<period>            HASH  spend, reserved            (nano-USD)
+    tg:T:bud:<period>:res        HASH  request id -> reserved     (nano-USD)
+    tg:T:bud:<period>:exp        ZSET  request id -> lease expiry (epoch ms)
+    tg:T:bud:done:<request id>   STRING settlement marker (TTL)
+    tg:T:rl:rpm | rl:tpm         HASH  bucket (epoch s) -> requests | tokens
+    tg:T:rl:rpm:m:<group>        HASH  the same, per model group
+    tg:T:rl:tpm:m:<group>
+    tg:T:rl:par                  ZSET  request id -> lease expiry (epoch ms)
+    tg:T:rl:done:<request id>    STRING settlement marker (TTL)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import final
+
+import attrs
+
+PREFIX = "tg"
+#: Ids longer than this (or containing braces) are hashed inside the tag.
+_MAX_PLAIN_ID = 128
+
+
+def principal_tag(kind: str, principal_id: str) -> str:
+    """The hash tag of a principal: ``{kind:id}``.
+
+    An id that contains a brace (which would end the tag early), is empty, or is long is
+    replaced by ``#`` and the first 32 hex digits of its SHA-256, so the tag always names
+    exactly one principal. Key ids are already SHA-256 digests and stay as they are.
+    """
+    if not principal_id or "{" in principal_id or "}" in principal_id or (
+        len(principal_id) > _MAX_PLAIN_ID
+    ):
+        principal_id = "#" + hashlib.sha256(principal_id.encode()).hexdigest()[:32]
+    return f"{{{kind}:{principal_id}}}"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BudgetKeys:
+    """The three keys of one principal's budget period; tag: :func:`principal_tag`.
+
+    Attributes:
+        counters: HASH with ``spend`` and ``reserved`` (nano-USD).
+        holds: HASH request id -> reserved amount (nano-USD).
+        leases: ZSET request id -> lease expiry (epoch ms).
+    """
+
+    counters: str
+    holds: str
+    leases: str
+
+    def as_tuple(self) -> tuple[str, str, str]:
+        """KEYS[1..3] of ``budget_reserve.lua`` and ``budget_settle.lua``."""
+        return (self.counters, self.holds, self.leases)
+
+
+def budget_keys(kind: str, principal_id: str, period: int) -> BudgetKeys:
+    """Keys of budget period ``period`` (see ``Limits.budget_period``) of a principal."""
+    base = f"{PREFIX}:{principal_tag(kind, principal_id)}:bud:{period}"
+    return BudgetKeys(counters=base, holds=f"{base}:res", leases=f"{base}:exp")
+
+
+def budget_marker(kind: str, principal_id: str, request_id: str) -> str:
+    """The settlement marker of one request at one principal (same tag as its budget)."""
+    return f"{PREFIX}:{principal_tag(kind, principal_id)}:bud:done:{request_id}"
+
+
+#: Rate windows: requests, tokens, parallel slots.
+RPM = "rpm"
+TPM = "tpm"
+PARALLEL = "parallel"
+
+
+def rate_window_key(
+    kind: str, principal_id: str, window: str, model_group: str | None = None
+) -> str:
+    """The key of one rate window of a principal (same tag for all its windows).
+
+    Args:
+        window: :data:`RPM`, :data:`TPM` or :data:`PARALLEL`.
+        model_group: for per-model RPM/TPM windows; None for the principal's own.
+    """
+    tag = principal_tag(kind, principal_id)
+    if window == PARALLEL:
+        if model_group is not None:
+            raise ValueError("parallel slots are not per model group")
+        return f"{PREFIX}:{tag}:rl:par"
+    if window not in (RPM, TPM):
+        raise ValueError(f"unknown rate window {window!r}")
+    if model_group is None:
+        return f"{PREFIX}:{tag}:rl:{window}"
+    return f"{PREFIX}:{tag}:rl:{window}:m:{model_group}"
+
+
+def rate_marker(kind: str, principal_id: str, request_id: str) -> str:
+    """The settlement marker of one request at one principal's rate windows."""
+    return f"{PREFIX}:{principal_tag(kind, principal_id)}:rl:done:{request_id}"

@@ -1,0 +1,70 @@
+-- budget_reserve.lua: check one principal's budget for one request and reserve its estimate.
+--
+-- KEYS[1]  counters HASH of the budget period: fields `spend`, `reserved` (nano-USD)
+-- KEYS[2]  holds HASH of the period: request id -> reserved amount (nano-USD)
+-- KEYS[3]  leases ZSET of the period: request id -> lease expiry (epoch ms)
+--          All three carry the principal's hash tag (governance/keys.py).
+-- ARGV[1]  now_ms              epoch ms; time comes from ARGV, never from TIME
+-- ARGV[2]  request_id
+-- ARGV[3]  estimate_nanousd    amount to reserve (integer >= 0)
+-- ARGV[4]  max_budget_nanousd  the period's budget (integer >= 0)
+-- ARGV[5]  lease_ms            a reservation older than this belongs to a dead process (> 0)
+-- ARGV[6]  ttl_ms              TTL given to the three keys; 0 = none (a lifetime budget)
+-- Returns  {admitted (1|0), spend_nanousd, reserved_nanousd}; reserved includes this
+--          request's estimate when admitted.
+--
+-- Rule: admit iff spend + reserved + estimate <= max_budget, EXCEPT that when nothing is
+-- used yet (spend + reserved == 0) the request is admitted whenever spend < max_budget, so
+-- one large max_tokens estimate cannot lock a fresh period out forever.
+-- Expired leases are purged (and subtracted from `reserved`) before the check.
+-- A request id that already holds a reservation is admitted again with no change, so a
+-- retried call cannot reserve twice.
+-- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53 (~9 million USD).
+
+local LIMIT = 9007199254740992
+
+local function int(i, min)
+  local v = tonumber(ARGV[i])
+  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  return nil
+end
+
+local now_ms, estimate, max_budget = int(1, 0), int(3, 0), int(4, 0)
+local lease_ms, ttl_ms = int(5, 1), int(6, 0)
+if not (now_ms and estimate and max_budget and lease_ms and ttl_ms) or #ARGV ~= 6 then
+  return redis.error_reply('ERR budget_reserve: expected 6 arguments: now_ms, request_id, '
+    .. 'estimate, max_budget, lease_ms (> 0), ttl_ms, all integers >= 0 but request_id')
+end
+local request_id = ARGV[2]
+
+-- Purge leases of processes that died while holding a reservation.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+for _, rid in ipairs(expired) do
+  local amount = redis.call('HGET', KEYS[2], rid)
+  if amount then
+    redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
+    redis.call('HDEL', KEYS[2], rid)
+  end
+  redis.call('ZREM', KEYS[3], rid)
+end
+
+local state = redis.call('HMGET', KEYS[1], 'spend', 'reserved')
+local spend = tonumber(state[1]) or 0
+local reserved = tonumber(state[2]) or 0
+
+if redis.call('HEXISTS', KEYS[2], request_id) == 1 then
+  return {1, spend, reserved}
+end
+
+local used = spend + reserved
+if used + estimate > max_budget and not (used == 0 and spend < max_budget) then
+  return {0, spend, reserved}
+end
+
+redis.call('HINCRBY', KEYS[1], 'reserved', estimate)
+redis.call('HSET', KEYS[2], request_id, estimate)
+redis.call('ZADD', KEYS[3], now_ms + lease_ms, request_id)
+if ttl_ms > 0 then
+  for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl_ms) end
+end
+return {1, spend, reserved + estimate}

@@ -1,0 +1,56 @@
+-- budget_settle.lua: settle one request at one principal's budget: release its reservation
+-- and charge its actual cost to the period it was admitted in. Idempotent by request id.
+--
+-- KEYS[1]  counters HASH of the reservation's period: fields `spend`, `reserved` (nano-USD)
+-- KEYS[2]  holds HASH of that period: request id -> reserved amount (nano-USD)
+-- KEYS[3]  leases ZSET of that period: request id -> lease expiry (epoch ms)
+-- KEYS[4]  settlement marker STRING for this request at this principal
+--          All four carry the principal's hash tag (governance/keys.py).
+-- ARGV[1]  request_id
+-- ARGV[2]  actual_nanousd   cost to charge (integer >= 0; 0 = nothing was charged)
+-- ARGV[3]  ttl_ms           TTL for KEYS[1..3] when written; 0 = none (lifetime budget)
+-- ARGV[4]  marker_ttl_ms    how long the marker lives (> 0)
+-- Returns  {applied (1, or 0 for a replay), released_nanousd, spend_nanousd}
+--
+-- The marker is SET NX inside this script: a replay (journal, retry) changes nothing.
+-- A reservation already purged as expired (by budget_reserve) is simply absent: the
+-- actual cost is still charged, and `reserved` was already reduced by the purge.
+-- No time is needed (no ARGV now_ms, no TIME).
+-- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53.
+
+local LIMIT = 9007199254740992
+
+local function int(i, min)
+  local v = tonumber(ARGV[i])
+  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  return nil
+end
+
+local actual, ttl_ms, marker_ttl_ms = int(2, 0), int(3, 0), int(4, 1)
+if not (actual and ttl_ms and marker_ttl_ms) or #ARGV ~= 4 then
+  return redis.error_reply('ERR budget_settle: expected 4 arguments: request_id, '
+    .. 'actual_nanousd, ttl_ms, marker_ttl_ms (> 0), integers >= 0 but request_id')
+end
+local request_id = ARGV[1]
+
+if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', marker_ttl_ms) then
+  return {0, 0, tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0}
+end
+
+local released = 0
+local amount = redis.call('HGET', KEYS[2], request_id)
+if amount then
+  released = tonumber(amount)
+  redis.call('HDEL', KEYS[2], request_id)
+  redis.call('HINCRBY', KEYS[1], 'reserved', -released)
+end
+redis.call('ZREM', KEYS[3], request_id)
+
+local spend
+if actual > 0 then
+  spend = redis.call('HINCRBY', KEYS[1], 'spend', actual)
+  if ttl_ms > 0 then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
+else
+  spend = tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0
+end
+return {1, released, spend}

@@ -1,0 +1,140 @@
+-- rate_admit.lua: check every rate window of one principal; count the request only if all pass.
+--
+-- KEYS[i]  window i of the principal, all with the principal's hash tag (governance/keys.py):
+--            kind 'r' (requests) or 't' (tokens): HASH bucket (epoch second) -> count
+--            kind 'p' (parallel requests):        ZSET request id -> lease expiry (epoch ms)
+-- ARGV[1]  now_ms            epoch ms; time comes from ARGV, never from TIME
+-- ARGV[2]  request_id
+-- ARGV[3]  estimate_tokens   tokens reserved in 't' windows until settled (integer >= 0)
+-- ARGV[4]  lease_ms          a parallel slot older than this belongs to a dead process (> 0)
+-- ARGV[3+2i] kind of window i: 'r', 't' or 'p'
+-- ARGV[4+2i] limit of window i (integer >= 0)
+-- Returns  {admitted (1|0), failed (1-based index of the first failing window, 0 if none),
+--           retry_after_ms (0 if admitted), remaining_1, ..., remaining_n}
+--          remaining_i is what is left in window i after this request (admitted) or now
+--          (rejected), never below 0.
+--
+-- Checks: 'r' count + 1 <= limit; 't' used + estimate <= limit, or used == 0 (one big request
+-- is possible on an idle window); 'p' live slots + 1 <= limit (slots whose lease expired are
+-- not live). Admitted only if every window passes; then 'r' +1 and 't' +estimate in the
+-- current bucket, and 'p' holds a slot scored now + lease_ms. A rejection writes NOTHING.
+--
+-- Sliding window: 60 buckets of 1 s per window, summed over the buckets b with
+-- b > floor(now_ms / 1000) - 60 (buckets "from the future", written by a gateway whose clock
+-- runs ahead, count too). Why this shape: memory and work are bounded (at most 61 fields
+-- per window, one HGETALL), every count is exact (atomic increments, no approximation
+-- weights), and the only imprecision is the bucket edge: a request leaves the window between
+-- 59 and 60 s after it was counted, never later. A burst within one second is counted
+-- exactly, so processes sharing Redis admit exactly `limit` requests. A sliding log (ZSET
+-- per request) would be exact to the ms but cannot hold token counts and grows with the
+-- limit. Old buckets are deleted when a request is admitted (only then is anything written).
+-- retry_after_ms: for 'r'/'t', the time until the oldest buckets have left the window far
+-- enough for the request to pass; for 'p', 1000 (slots free when requests finish, which the
+-- script cannot know).
+-- Integers only.
+
+local BUCKET_MS = 1000
+local BUCKETS = 60
+local WINDOW_TTL_MS = 120000
+local PARALLEL_RETRY_MS = 1000
+local LIMIT = 9007199254740992
+
+local function int(i, min)
+  local v = tonumber(ARGV[i])
+  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  return nil
+end
+
+local n = #KEYS
+local now_ms, estimate, lease_ms = int(1, 0), int(3, 0), int(4, 1)
+local ok_args = now_ms and estimate and lease_ms and #ARGV == 4 + 2 * n
+local kinds, limits = {}, {}
+for i = 1, n do
+  kinds[i] = ARGV[3 + 2 * i]
+  limits[i] = int(4 + 2 * i, 0)
+  if not limits[i] or not (kinds[i] == 'r' or kinds[i] == 't' or kinds[i] == 'p') then
+    ok_args = false
+  end
+end
+if not ok_args then
+  return redis.error_reply('ERR rate_admit: expected now_ms, request_id, estimate_tokens, '
+    .. 'lease_ms (> 0), then a kind (r|t|p) and an integer limit >= 0 per key')
+end
+local request_id = ARGV[2]
+local current = math.floor(now_ms / BUCKET_MS)
+local oldest = current - BUCKETS + 1
+
+-- Read every window: total in window, its buckets (ascending) and the fields to drop.
+local used, buckets, stale = {}, {}, {}
+for i = 1, n do
+  if kinds[i] == 'p' then
+    used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', now_ms), '+inf')
+  else
+    local flat = redis.call('HGETALL', KEYS[i])
+    local total, list, old = 0, {}, {}
+    for j = 1, #flat, 2 do
+      local b, c = tonumber(flat[j]), tonumber(flat[j + 1]) or 0
+      if b and b >= oldest then
+        total = total + c
+        list[#list + 1] = {b, c}
+      else
+        old[#old + 1] = flat[j]
+      end
+    end
+    table.sort(list, function(x, y) return x[1] < y[1] end)
+    used[i], buckets[i], stale[i] = total, list, old
+  end
+end
+
+-- When will `need` units have left window i?
+local function retry_after(i, need)
+  local freed = 0
+  for _, bc in ipairs(buckets[i]) do
+    freed = freed + bc[2]
+    if freed >= need then return (bc[1] + BUCKETS) * BUCKET_MS - now_ms end
+  end
+  return BUCKETS * BUCKET_MS
+end
+
+local failed, retry_ms = 0, 0
+for i = 1, n do
+  local limit, u, wait = limits[i], used[i], nil
+  if kinds[i] == 'r' then
+    if u + 1 > limit then wait = retry_after(i, u + 1 - limit) end
+  elseif kinds[i] == 't' then
+    if u + estimate > limit and u > 0 then
+      wait = retry_after(i, math.min(u, u + estimate - limit))
+    end
+  elseif u + 1 > limit then
+    wait = PARALLEL_RETRY_MS
+  end
+  if wait then
+    if failed == 0 then failed = i end
+    if wait > retry_ms then retry_ms = wait end
+  end
+end
+
+local result = {0, failed, retry_ms}
+if failed > 0 then
+  for i = 1, n do result[3 + i] = math.max(limits[i] - used[i], 0) end
+  return result
+end
+
+result[1] = 1
+for i = 1, n do
+  local key = KEYS[i]
+  if kinds[i] == 'p' then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+    redis.call('ZADD', key, now_ms + lease_ms, request_id)
+    redis.call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
+    result[3 + i] = math.max(limits[i] - used[i] - 1, 0)
+  else
+    local add = 1
+    if kinds[i] == 't' then add = estimate end
+    if add > 0 then redis.call('HINCRBY', key, current, add) end
+    if #stale[i] > 0 then redis.call('HDEL', key, unpack(stale[i])) end
+    if add > 0 then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+    result[3 + i] = math.max(limits[i] - used[i] - add, 0)
+  end
+end
+return result

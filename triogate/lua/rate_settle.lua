@@ -1,0 +1,81 @@
+-- rate_settle.lua: settle one request at one principal's rate windows. Idempotent by request id.
+--
+-- KEYS[1..n] the principal's windows, as in rate_admit.lua ('r'/'t' HASH, 'p' ZSET)
+-- KEYS[n+1]  settlement marker STRING for this request at this principal
+--            All carry the principal's hash tag (governance/keys.py).
+-- ARGV[1]  request_id
+-- ARGV[2]  mode: 'a' admitted (the request ran, or was a cache hit): 't' bucket += actual -
+--          estimate; 'u' undo (the request was rejected elsewhere): 'r' bucket -1 and 't'
+--          bucket -estimate, as if never counted; 'x' release only (the admission was
+--          decided without Redis, so whether it was counted here is unknown: counts are
+--          left alone, which errs on the side of counting).
+--          In every mode the parallel slot ('p') is released.
+-- ARGV[3]  bucket            the bucket (epoch second) the request was counted in
+-- ARGV[4]  estimate_tokens   reserved at admission (integer >= 0)
+-- ARGV[5]  actual_tokens     used (integer >= 0)
+-- ARGV[6]  now_ms            epoch ms; time comes from ARGV, never from TIME
+-- ARGV[7]  marker_ttl_ms     how long the marker lives (> 0)
+-- ARGV[7+i] kind of window i: 'r', 't' or 'p'
+-- Returns  1 if applied, 0 for a replay (the marker was there: nothing changes)
+--
+-- A bucket that has slid out of the window (bucket <= floor(now_ms/1000) - 60) is not
+-- touched: its count no longer matters and it must not be re-created. A bucket never goes
+-- below 0 (it is deleted at 0).
+-- Integers only.
+
+local BUCKET_MS = 1000
+local BUCKETS = 60
+local WINDOW_TTL_MS = 120000
+local LIMIT = 9007199254740992
+
+local function int(i, min)
+  local v = tonumber(ARGV[i])
+  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  return nil
+end
+
+local n = #KEYS - 1
+local mode = ARGV[2]
+local bucket, estimate, actual = int(3, 0), int(4, 0), int(5, 0)
+local now_ms, marker_ttl_ms = int(6, 0), int(7, 1)
+local ok_args = n >= 0 and bucket and estimate and actual and now_ms and marker_ttl_ms
+  and #ARGV == 7 + n and (mode == 'a' or mode == 'u' or mode == 'x')
+for i = 1, math.max(n, 0) do
+  local k = ARGV[7 + i]
+  if not (k == 'r' or k == 't' or k == 'p') then ok_args = false end
+end
+if not ok_args then
+  return redis.error_reply('ERR rate_settle: expected request_id, mode (a|u|x), bucket, '
+    .. 'estimate_tokens, actual_tokens, now_ms, marker_ttl_ms (> 0), then a kind (r|t|p) per '
+    .. 'window key; the marker key last')
+end
+local request_id = ARGV[1]
+
+if not redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', marker_ttl_ms) then
+  return 0
+end
+
+local in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
+
+local function adjust(key, delta)
+  if delta == 0 or not in_window then return end
+  local value = (tonumber(redis.call('HGET', key, bucket)) or 0) + delta
+  if value > 0 then
+    redis.call('HSET', key, bucket, value)
+    redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+  else
+    redis.call('HDEL', key, bucket)
+  end
+end
+
+for i = 1, n do
+  local kind = ARGV[7 + i]
+  if kind == 'p' then
+    redis.call('ZREM', KEYS[i], request_id)
+  elseif mode == 'u' then
+    if kind == 'r' then adjust(KEYS[i], -1) else adjust(KEYS[i], -estimate) end
+  elseif mode == 'a' and kind == 't' then
+    adjust(KEYS[i], actual - estimate)
+  end
+end
+return 1
