@@ -1,0 +1,117 @@
+"""A gateway started by the test, in its own trio loop, talking to real loopback servers."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pytest
+import trio
+
+from triogate.app import serve, wall_clock_ms
+from triogate.config import parse_config
+from triogate.fakeupstream import open_fake_upstream
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+    from triogate.api.services import Services
+    from triogate.batch import RespBackend
+    from triogate.config import GatewayConfig
+    from triogate.fakeupstream import FakeUpstream
+
+MASTER_KEY = "sk-test-master"
+UPSTREAM_KEY = "sk-upstream-secret"
+
+
+def gateway_config(
+    state_dir: Path, redis_url: str, upstream_url: str, **overrides: Any
+) -> GatewayConfig:
+    """Two OpenAI-compatible deployments, one Anthropic, one embedding model, all on the
+    fake upstream over real HTTP; tracing on. ``overrides`` are merged into the YAML."""
+    raw: dict[str, Any] = {
+        "model_list": [
+            {"model_name": "gpt-test", "litellm_params": {
+                "model": "openai/gpt-up-a", "api_base": f"{upstream_url}/v1",
+                "api_key": UPSTREAM_KEY, "input_cost_per_token": "0.000001",
+                "output_cost_per_token": "0.000002"}, "model_info": {"id": "gpt-a"}},
+            {"model_name": "gpt-test", "litellm_params": {
+                "model": "openai/gpt-up-b", "api_base": f"{upstream_url}/v1",
+                "api_key": UPSTREAM_KEY, "input_cost_per_token": "0.000001",
+                "output_cost_per_token": "0.000002"}, "model_info": {"id": "gpt-b"}},
+            {"model_name": "claude-test", "litellm_params": {
+                "model": "anthropic/claude-up", "api_base": upstream_url,
+                "api_key": UPSTREAM_KEY, "input_cost_per_token": "0.000003",
+                "output_cost_per_token": "0.000015"}, "model_info": {"id": "claude"}},
+            {"model_name": "embed-test", "litellm_params": {
+                "model": "openai/embed-up", "api_base": f"{upstream_url}/v1",
+                "api_key": UPSTREAM_KEY, "input_cost_per_token": "0.0000001"},
+             "model_info": {"id": "embed", "mode": "embedding"}},
+        ],
+        "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 2,
+                            "allowed_fails": 3, "cooldown_time": 30},
+        "general_settings": {"master_key": MASTER_KEY},
+        "triogate": {"state_dir": str(state_dir), "redis": {"url": redis_url, "timeout_s": 2.0},
+                     "tracing": True, "shutdown_grace_s": 5},
+    }
+    _merge(raw, copy.deepcopy(overrides))
+    return parse_config(raw)
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+@attrs.frozen
+class Gateway:
+    """A running gateway: its base URL, its services (tracer, settler...) and its stop."""
+
+    url: str
+    services: Services
+    shutdown: trio.Event
+
+    @property
+    def openai_base(self) -> str:
+        return f"{self.url}/v1"
+
+
+@asynccontextmanager
+async def running_gateway(
+    config: GatewayConfig, *, clock_ms: Callable[[], int] = wall_clock_ms
+) -> AsyncIterator[Gateway]:
+    """Serve ``config`` on 127.0.0.1 (any port) for the block; drain on exit."""
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds, services = await nursery.start(
+            partial(serve, config, host="127.0.0.1", port=0, shutdown=shutdown,
+                    handle_signals=False, clock_ms=clock_ms)
+        )
+        try:
+            yield Gateway(binds[0], services, shutdown)
+        finally:
+            shutdown.set()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    async with open_fake_upstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def gateway(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream
+) -> AsyncIterator[Gateway]:
+    """The default test gateway (fresh Redis database, state in tmp_path)."""
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url)
+    with trio.fail_after(60):
+        async with running_gateway(config) as gw:
+            yield gw

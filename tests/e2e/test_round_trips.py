@@ -1,0 +1,46 @@
+"""Waits on Redis per request, counted from the tracer's records of real flushes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+
+from tests.e2e.conftest import MASTER_KEY
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import Gateway
+    from triogate.batch import TraceSummary
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "count my waits"}]}
+
+
+async def traced(gateway: Gateway, body: dict[str, object], key: str = MASTER_KEY
+                 ) -> tuple[httpx.Response, TraceSummary]:
+    """Send one request, wait for its settlement, return the response and its waits."""
+    async with httpx.AsyncClient(timeout=20) as http:
+        response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key}"})
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    assert gateway.services.tracer is not None
+    return response, gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
+
+
+async def test_a_chat_completion_waits_once_before_and_once_after(gateway: Gateway) -> None:
+    response, summary = await traced(gateway, BODY)
+    assert response.status_code == 200
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+    assert response.headers["x-triogate-redis-waits-before"] == "1"
+    before = [r for r in summary.records if r.phase == "before"]
+    assert {o for r in before for o in r.owners} == {"routing"}
+
+
+async def test_a_streamed_completion_waits_once_before_and_once_after(gateway: Gateway) -> None:
+    response, summary = await traced(gateway, {**BODY, "stream": True})
+    assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+    assert (summary.waits_before, summary.waits_after) == (1, 1)

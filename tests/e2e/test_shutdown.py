@@ -1,0 +1,90 @@
+"""SIGTERM with requests in flight: every one completes, settlement drains, exit 0."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+import yaml
+
+from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
+from triogate.fakeupstream import open_fake_upstream
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from triogate.batch import RespBackend
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+
+def write_config(path: Path, upstream_url: str, redis_url: str) -> None:
+    path.write_text(yaml.safe_dump({
+        "model_list": [{"model_name": "slow", "model_info": {"id": "slow-a"},
+                        "litellm_params": {"model": "openai/slow", "api_base": f"{upstream_url}/v1",
+                                           "api_key": UPSTREAM_KEY}}],
+        "general_settings": {"master_key": MASTER_KEY},
+        "triogate": {"state_dir": str(path.parent / "state"), "redis": {"url": redis_url},
+                     "shutdown_grace_s": 20},
+    }))
+
+
+async def start_gateway(config: Path) -> tuple[subprocess.Popen[bytes], str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "triogate", "serve", "--config", str(config), "--port", "0"],
+        stderr=subprocess.PIPE, env={**os.environ, "TRIOGATE_LOG_LEVEL": "info"},
+    )
+    assert process.stderr is not None
+
+    def read_url() -> str:
+        for line in process.stderr:  # type: ignore[union-attr]
+            found = re.search(rb"Running on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                return found.group(1).decode()
+        raise AssertionError("the gateway exited before listening")
+
+    url = await trio.to_thread.run_sync(read_url)
+    return process, url
+
+
+async def test_sigterm_lets_in_flight_requests_finish_and_exits_0(
+    tmp_path: Path, redis: RespBackend, redis_url: str
+) -> None:
+    async with open_fake_upstream(latency_s=1.5) as upstream:
+        write_config(tmp_path / "config.yaml", upstream.base_url, redis_url)
+        process, url = await start_gateway(tmp_path / "config.yaml")
+        try:
+            results: list[int] = []
+
+            async def one(http: httpx.AsyncClient) -> None:
+                response = await http.post(
+                    f"{url}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {MASTER_KEY}"},
+                    json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]})
+                results.append(response.status_code)
+
+            with trio.fail_after(30):
+                async with httpx.AsyncClient(timeout=20) as http, trio.open_nursery() as n:
+                    for _ in range(8):
+                        n.start_soon(one, http)
+                    while len(upstream.requests) < 8:  # all eight are upstream now
+                        await trio.sleep(0.02)
+                    process.send_signal(signal.SIGTERM)
+                code = await trio.to_thread.run_sync(process.wait, 20)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert results == [200] * 8
+    assert code == 0
+    # Their settlement drained into Redis before exit: routing usage counts all eight.
+    usage = await redis.execute([("KEYS", "tg:{rt:slow}:usage:*")])
+    (key,) = usage[0]
+    assert await redis.execute([("HGET", key, "rpm:slow-a")]) == [b"8"]
+    assert not list((tmp_path / "state" / "journal").glob("*.jsonl"))

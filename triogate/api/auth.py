@@ -1,0 +1,100 @@
+"""Who is calling: the master key now; virtual keys through the identity resolver.
+
+The master key is compared in constant time. A request that carries no key, or a key
+that is neither the master key nor a known virtual key, is refused with 401 in the
+API's own error shape; the key itself never reaches a log line.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+from triogate.api.errors import ApiError
+from triogate.governance.decisions import Rejected
+from triogate.governance.principals import Identity, Principal
+
+if TYPE_CHECKING:
+    from triogate.api.http import Request
+    from triogate.api.services import Services
+    from triogate.batch import Batch
+
+#: The identity of master-key (and no-key-configured) requests: no governance applies.
+MASTER = Identity(key=Principal(kind="key", id="master", alias="master"), master=True)
+
+
+def is_master(services: Services, key: str | None) -> bool:
+    """Whether ``key`` is the master key (constant-time)."""
+    master = services.config.master_key
+    return master is not None and key is not None and hmac.compare_digest(
+        key.encode(), master.encode()
+    )
+
+
+def _missing_key() -> Rejected:
+    return Rejected(
+        check="auth", reason="missing_key", status=401, error_type="authentication_error",
+        message="missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+    )
+
+
+def _bad_key() -> Rejected:
+    return Rejected(
+        check="auth", reason="invalid_key", status=401, error_type="authentication_error",
+        message="invalid API key",
+    )
+
+
+async def resolve(
+    services: Services, batch: Batch, request: Request, group: str | None,
+    end_user: str | None, tags: tuple[str, ...] = (),
+) -> Identity | Rejected:
+    """The auth participant: master key in memory, else the identity resolver.
+
+    With the identity cached in memory this declares nothing and returns at once, so the
+    checks that depend on it still join the first round. ``group`` (when given) must be
+    one the key, its team and its user may use: 403 otherwise.
+    """
+    key = request.bearer()
+    if services.config.master_key is None and services.identities is None:
+        return MASTER  # an open gateway: no key configured (warned at start-up)
+    if key is None:
+        return _missing_key()
+    if is_master(services, key):
+        return MASTER
+    if services.identities is None:
+        return _bad_key()
+    return await services.identities.resolve(batch, key, group=group, end_user=end_user,
+                                             tags=tags, now_ms=services.clock_ms())
+
+
+async def authenticate_only(services: Services, request: Request) -> Identity | None:
+    """For routes outside the model flow: the caller's identity, None for the master key.
+
+    Raises:
+        ApiError: 401 when the key is missing or unknown.
+    """
+    from triogate.batch import open_batch_scope  # noqa: PLC0415
+
+    async with open_batch_scope(services.backends) as scope:
+        who = scope.start_participant(resolve, services, scope.batch, request, None, None,
+                                      name="auth")
+    result = who.result()
+    if isinstance(result, Rejected):
+        raise ApiError(result.status, result.message, result.error_type, code=result.reason)
+    return None if result.master else result
+
+
+def require_master(services: Services, request: Request) -> None:
+    """Admin routes: only the master key.
+
+    Raises:
+        ApiError: 401 without a key, 403 with any other key.
+    """
+    key = request.bearer()
+    if services.config.master_key is None:
+        return
+    if key is None:
+        raise ApiError(401, _missing_key().message, "authentication_error")
+    if not is_master(services, key):
+        raise ApiError(403, "this route needs the master key", "permission_error")

@@ -1,0 +1,201 @@
+"""One model request, whatever its API: admit, call, settle.
+
+1. **Admit** (``admission.py``): one batch scope; auth, budgets, rate limits, routing
+   and the cache GET are participants, so with the identity in memory they share one
+   Redis round trip.
+2. **Call** the chosen deployment through the router's retries and fallbacks, or answer
+   from the cache.
+3. **Settle**: whatever happened (success, upstream failure, rejection, cancellation,
+   cache hit), one post-call batch carries settlement, usage and the cache SET to the
+   settler, and one spend-log row goes to the SQL writer.
+
+A stream is opened (with retries) before the status line goes out, so a failure before
+the first token is a proper error response; after it, an error event ends the stream
+and what was produced is still charged.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from triogate.api import admission, settlement, sse
+from triogate.api.errors import ApiError, from_provider, from_rejection
+from triogate.api.http import Response, StreamResponse
+from triogate.errors import ProviderError
+from triogate.routing.router import NoDeploymentAvailable
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from triogate.api.admission import Admission
+    from triogate.api.errors import Style
+    from triogate.api.http import Request
+    from triogate.api.services import Services
+    from triogate.config import Deployment
+    from triogate.providers.base import Api, Completion, ProviderStream
+    from triogate.routing.router import RouteResult
+
+logger = logging.getLogger("triogate.api.flow")
+
+
+@attrs.frozen(kw_only=True)
+class Call:
+    """One model request as the flow sees it.
+
+    Attributes:
+        api: the client's API (``chat``, ``messages``, ``responses``, ``embeddings``).
+        route: label for metrics.
+        style: error shape.
+        body: the body to send upstream (client's shape; gateway-only fields removed).
+        group: the model group asked for.
+        stream: whether the client asked for a stream.
+        include_usage: chat streams: whether to pass the final usage chunk on.
+        request: the HTTP request.
+        trace_id: unique id of this request (idempotency markers, traces, spend logs).
+        end_user: the end user (``user`` field or header), if any.
+        tags: request tags.
+        input_tokens, output_tokens: estimates, for reservations before the call.
+        cache: the request's cache controls (None: not cacheable).
+    """
+
+    api: Api
+    route: str
+    style: Style
+    body: dict[str, Any]
+    group: str
+    stream: bool
+    include_usage: bool = False
+    request: Request
+    trace_id: str
+    end_user: str | None = None
+    tags: tuple[str, ...] = ()
+    input_tokens: int
+    output_tokens: int
+    cache: Any = None
+
+
+async def serve(services: Services, call: Call) -> Response:
+    """Run ``call`` through admission, the model and settlement; return the response."""
+    admitted = await admission.admit(services, call)
+    if admitted.rejection is not None:
+        await settlement.settle(services, call, admitted, outcome=settlement.rejected())
+        raise from_rejection(admitted.rejection)
+    if call.stream:
+        return await _stream(services, call, admitted)
+    return await _complete(services, call, admitted)
+
+
+async def _complete(services: Services, call: Call, admitted: Admission) -> Response:
+    async def attempt(deployment: Deployment) -> Completion:
+        provider = services.providers[deployment.provider]
+        return await provider.complete(call.api, call.body, deployment)
+
+    assert admitted.routing is not None
+    try:
+        result: RouteResult[Completion] = await services.router.run(
+            admitted.routing, attempt, admitted.facts
+        )
+    except (ProviderError, NoDeploymentAvailable) as exc:
+        await settlement.settle(services, call, admitted, outcome=settlement.failed(exc))
+        raise _api_error(exc) from None
+    completion = result.value
+    await settlement.settle(
+        services, call, admitted,
+        outcome=settlement.succeeded(result, completion.usage, body=completion.body),
+    )
+    headers = admitted.headers(services, call, deployment=result.deployment)
+    return Response.json(completion.body, headers=headers)
+
+
+@attrs.define
+class _Open:
+    """A stream whose first event already arrived (so retries could still happen)."""
+
+    stack: AsyncExitStack
+    stream: ProviderStream
+    events: AsyncIterator[dict[str, Any]]
+    first: dict[str, Any] | None
+
+
+async def _stream(services: Services, call: Call, admitted: Admission) -> Response:
+    async def attempt(deployment: Deployment) -> _Open:
+        provider = services.providers[deployment.provider]
+        stack = AsyncExitStack()
+        try:
+            stream = await stack.enter_async_context(provider.stream(call.api, call.body,
+                                                                     deployment))
+            events = stream.__aiter__()
+            first = await anext(events, None)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        return _Open(stack, stream, events, first)
+
+    assert admitted.routing is not None
+    try:
+        result: RouteResult[_Open] = await services.router.run(
+            admitted.routing, attempt, admitted.facts
+        )
+    except (ProviderError, NoDeploymentAvailable) as exc:
+        await settlement.settle(services, call, admitted, outcome=settlement.failed(exc))
+        raise _api_error(exc) from None
+    opened = result.value
+    first_token_s = trio.current_time() - call.request.started_at
+    services.metrics.ttft.labels(call.route, call.group).observe(first_token_s)
+
+    async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
+        events: list[dict[str, Any]] = []
+        error: ProviderError | None = None
+        finished = False
+        try:
+            event = opened.first
+            while event is not None:
+                events.append(event)
+                if _forward(call, event):
+                    await write(sse.encode(call.api, event))
+                event = await anext(opened.events, None)
+            await write(sse.end(call.api))
+            finished = True
+        except ProviderError as exc:
+            error = exc
+            await write(sse.error(call.api, from_provider(exc)))
+        finally:
+            with trio.CancelScope(shield=True):
+                await opened.stack.aclose()
+            usage = opened.stream.usage
+            outcome = settlement.succeeded(
+                result, usage, events=events if finished else None,
+                status="success" if finished else ("error" if error else "cancelled"),
+            )
+            with trio.CancelScope(shield=True):
+                await settlement.settle(services, call, admitted, outcome=outcome)
+
+    headers = admitted.headers(services, call, deployment=result.deployment)
+    return StreamResponse(produce, headers=headers)
+
+
+def _forward(call: Call, event: dict[str, Any]) -> bool:
+    """Chat streams: the final usage chunk goes out only if the client asked for it."""
+    if call.api != "chat" or call.include_usage:
+        return True
+    return not (event.get("usage") and not event.get("choices"))
+
+
+def _api_error(exc: ProviderError | NoDeploymentAvailable) -> ApiError:
+    if isinstance(exc, NoDeploymentAvailable):
+        status = 429 if exc.reason == "limits" else 503
+        return ApiError(
+            status,
+            f"no deployment of '{exc.group}' is available right now ({exc.reason})",
+            "rate_limit_error" if status == 429 else "service_unavailable",
+            code="no_deployment_available",
+            headers={"retry-after": str(max(1, round(exc.retry_after_s)))},
+        )
+    return from_provider(exc)
+

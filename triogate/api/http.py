@@ -1,0 +1,158 @@
+"""The raw ASGI request and response objects (no framework: hypercorn's ceiling is low).
+
+A :class:`Request` reads its body with a size limit; a :class:`Response` sends a whole
+body; a :class:`StreamResponse` sends chunks from an async iterator while a watcher
+listens for ``http.disconnect`` and cancels the stream when the client goes away, so the
+stream's ``finally`` (settlement) runs at once instead of at the next write.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, final
+from urllib.parse import parse_qsl
+
+import orjson
+import trio
+
+from triogate.api.errors import ApiError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    Send = Callable[[dict[str, Any]], Awaitable[None]]
+    Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+@final
+class Request:
+    """An HTTP request as the ASGI server handed it over."""
+
+    def __init__(self, scope: Mapping[str, Any], receive: Receive, request_id: str) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers: dict[str, str] = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+        }
+        self.query: dict[str, str] = dict(parse_qsl(scope.get("query_string", b"").decode()))
+        self.request_id = request_id
+        self.started_at = trio.current_time()
+
+    async def body(self, max_bytes: int) -> bytes:
+        """The whole body, refused with 413 past ``max_bytes`` (before reading it all)."""
+        length = self.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > max_bytes:
+                raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def json(self, max_bytes: int) -> dict[str, Any]:
+        """The body parsed as a JSON object; 400 with a precise message otherwise."""
+        raw = await self.body(max_bytes)
+        if not raw:
+            raise ApiError(400, "request body is empty; expected a JSON object")
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        return value
+
+    def bearer(self) -> str | None:
+        """The key from ``Authorization: Bearer …`` or ``x-api-key`` (either API's way)."""
+        auth = self.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+        return self.headers.get("x-api-key") or None
+
+
+class ClientGone(Exception):
+    """Raised by :meth:`Request.body` when the client disconnected mid-body."""
+
+
+class Response:
+    """A complete response."""
+
+    def __init__(
+        self,
+        body: bytes,
+        *,
+        status: int = 200,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.body = body
+        self.status = status
+        self.headers: dict[str, str] = {"content-type": content_type, **(headers or {})}
+
+    @classmethod
+    def json(cls, value: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+             ) -> Response:
+        return cls(orjson.dumps(value), status=status, headers=headers)
+
+    def _start(self) -> dict[str, Any]:
+        return {
+            "type": "http.response.start",
+            "status": self.status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in
+                        self.headers.items()],
+        }
+
+    async def send(self, send: Send, receive: Receive) -> None:
+        """Send status, headers and body."""
+        await send(self._start())
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+class StreamResponse(Response):
+    """A streamed response (SSE).
+
+    ``produce(write)`` writes the chunks itself; it runs in the handler's task, inside a
+    nursery whose watcher cancels it when the client disconnects, so its ``finally``
+    (settlement) runs at once. No async generator holds a cancel scope across a yield.
+    """
+
+    def __init__(
+        self,
+        produce: Callable[[Callable[[bytes], Awaitable[None]]], Awaitable[None]],
+        *,
+        status: int = 200,
+        content_type: str = "text/event-stream",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(b"", status=status, content_type=content_type, headers={
+            "cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
+        self.produce = produce
+        self.disconnected = False
+
+    async def send(self, send: Send, receive: Receive) -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                self.disconnected = True
+                nursery.cancel_scope.cancel()
+
+            async def write(chunk: bytes) -> None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+            nursery.start_soon(watch)
+            await send(self._start())
+            await self.produce(write)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,56 @@
+"""The services a request uses, wired once by ``app.py`` and passed down to handlers.
+
+A record, not a container with behaviour: handlers read what they need. ``app.py``
+builds it; nothing in ``api/`` imports ``app``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from triogate.batch import Backend, MemoryTracer, Settler
+    from triogate.cache import ResponseCache
+    from triogate.config import GatewayConfig
+    from triogate.governance.facts import CheckSettings
+    from triogate.governance.identity import IdentityResolver
+    from triogate.governance.local import LocalGovernance
+    from triogate.metrics import Metrics
+    from triogate.providers.base import Provider
+    from triogate.routing.router import Router
+    from triogate.store import Store
+    from triogate.store.spendlog import SpendLogWriter
+
+
+@attrs.define(kw_only=True)
+class Health:
+    """What readiness reports; flipped by the checks that notice."""
+
+    redis_ok: bool = True
+    redis_error: str | None = None
+    degraded_until: float = 0.0  # trio time until which responses say x-triogate-degraded
+
+
+@attrs.frozen(kw_only=True)
+class Services:
+    """Everything a handler may use. Built by ``app.open_gateway``."""
+
+    config: GatewayConfig
+    backends: Mapping[str, Backend]
+    settler: Settler
+    tracer: MemoryTracer | None
+    providers: Mapping[str, Provider]
+    router: Router
+    metrics: Metrics
+    clock_ms: Callable[[], int]
+    health: Health
+    checks: CheckSettings
+    local: LocalGovernance
+    identities: IdentityResolver | None = None
+    store: Store | None = None
+    spend_logs: SpendLogWriter | None = None
+    cache: ResponseCache | None = None

@@ -1,0 +1,129 @@
+"""Settlement: after every request, one post-call batch and one spend-log row.
+
+Whatever happened (success, upstream failure, rejection, cancellation, cache hit), the
+request's writes go to the settler in one batch: routing usage and cooldowns, and (with
+governance) budget settlement and rate-limit settlement, and (with the cache) the SET.
+Settlement runs in a shielded scope bounded by ``post_call_deadline_s``: a client that
+went away does not cancel its own accounting.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from triogate.batch import open_post_call_batch
+from triogate.governance import budgets, rate_limits
+from triogate.providers.base import Usage
+
+if TYPE_CHECKING:
+    from triogate.api.admission import Admission
+    from triogate.api.flow import Call
+    from triogate.api.services import Services
+    from triogate.config import Deployment
+    from triogate.routing.router import RouteResult
+
+logger = logging.getLogger("triogate.requests")
+
+NO_USAGE = Usage(input_tokens=0, output_tokens=0, reported=False)
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """How a request ended, as settlement needs it.
+
+    Attributes:
+        admitted: False when a check refused it (nothing may stay counted).
+        status: ``success``, ``error``, ``rejected``, ``cancelled`` or ``cache_hit``.
+        http_status: what the client got (or would have).
+        route: the router's result, when a deployment answered.
+        usage: tokens to charge (reported by the upstream, or counted).
+        body: a complete response to store in the cache.
+        events: a complete stream's events to store in the cache.
+        error: the failure, for the log line.
+    """
+
+    admitted: bool
+    status: str
+    http_status: int
+    route: RouteResult[Any] | None = None
+    usage: Usage = NO_USAGE
+    body: dict[str, Any] | None = None
+    events: list[dict[str, Any]] | None = None
+    error: BaseException | None = None
+
+    @property
+    def deployment(self) -> Deployment | None:
+        return self.route.deployment if self.route is not None else None
+
+
+def rejected() -> Outcome:
+    """A check refused the request."""
+    return Outcome(admitted=False, status="rejected", http_status=0)
+
+
+def failed(error: BaseException) -> Outcome:
+    """Every attempt failed (or no deployment could be tried)."""
+    return Outcome(admitted=True, status="error", http_status=502, error=error)
+
+
+def succeeded(route: RouteResult[Any], usage: Usage, *, body: dict[str, Any] | None = None,
+              events: list[dict[str, Any]] | None = None, status: str = "success") -> Outcome:
+    """A deployment answered (a stream may have ended early: ``status`` says how)."""
+    return Outcome(admitted=True, status=status, http_status=200, route=route, usage=usage,
+                   body=body, events=events)
+
+
+def cost_nanousd(outcome: Outcome) -> int:
+    """What the request costs: the answering deployment's price times the usage."""
+    deployment = outcome.deployment
+    if deployment is None or not outcome.admitted:
+        return 0
+    return deployment.price.cost_nanousd(outcome.usage.input_tokens, outcome.usage.output_tokens)
+
+
+async def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outcome
+                 ) -> None:
+    """Hand the request's post-call writes to the settler; log and count the request."""
+    settings = services.config.settings
+    now_ms = services.clock_ms()
+    async with open_post_call_batch(
+        services.settler, trace_id=call.trace_id, deadline_s=settings.post_call_deadline_s
+    ) as post:
+        tokens = outcome.usage.input_tokens + outcome.usage.output_tokens
+        if admitted.budgets is not None:
+            budgets.settle(post, admitted.budgets, admitted.request,
+                           actual_nanousd=cost_nanousd(outcome), now_ms=now_ms)
+        if admitted.rates is not None:
+            rate_limits.settle(post, admitted.rates, admitted.request, actual_tokens=tokens,
+                               admitted=outcome.admitted, now_ms=now_ms)
+        if admitted.routing is not None:
+            services.router.record(
+                post, admitted.routing, outcome.route, admitted.facts,
+                usage_tokens=tokens,
+                now_ms=now_ms,
+            )
+    deployment = outcome.deployment
+    duration_s = trio.current_time() - call.request.started_at
+    services.metrics.observe_request(
+        call.route, call.group, deployment.id if deployment else "-",
+        outcome.http_status or 0, duration_s,
+    )
+    logger.info(
+        "request",
+        extra={
+            "trace_id": call.trace_id,
+            "route": call.route,
+            "model_group": call.group,
+            "deployment": deployment.id if deployment else None,
+            "status": outcome.status,
+            "latency_ms": round(duration_s * 1000, 1),
+            "input_tokens": outcome.usage.input_tokens,
+            "output_tokens": outcome.usage.output_tokens,
+            "cost_nanousd": cost_nanousd(outcome),
+            "stream": call.stream,
+        },
+    )

@@ -1,0 +1,230 @@
+"""The composition root: the only place where the gateway's parts are wired together.
+
+``open_gateway(config)`` is the app nursery: it owns the Redis client (and the embedded
+server when no ``redis_url`` is set), the settler, the SQL store and its spend-log
+writer, the provider HTTP clients and the identity resolver. ``serve`` runs hypercorn's
+trio worker inside it. Shutdown order: stop accepting, let in-flight requests finish
+(bounded by ``shutdown_grace_s``), then drain the settler and the spend-log writer, then
+close clients and stop the embedded server.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+from triogate.api.asgi import GatewayASGI
+from triogate.api.services import Health, Services
+from triogate.batch import (
+    BackendUnavailable,
+    Journal,
+    MemoryTracer,
+    RespBackend,
+    Script,
+    Settler,
+    redact_url,
+)
+from triogate.governance.facts import CheckSettings
+from triogate.governance.local import LocalGovernance
+from triogate.metrics import Metrics
+from triogate.providers import build_providers
+from triogate.redis_server import open_embedded_server
+from triogate.routing.router import Router
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from triogate.batch import PostCallBatch
+    from triogate.config import GatewayConfig
+
+logger = logging.getLogger("triogate")
+
+#: The backend names the gateway's checks declare on; all alias one Redis by default.
+BACKEND_NAMES = ("counters", "cache", "identity")
+
+
+async def load_scripts(backend: RespBackend) -> int:
+    """``SCRIPT LOAD`` every script in ``triogate/lua`` (one pipeline), so that even the
+    first request after start-up costs one wait; a NOSCRIPT later (Redis restarted) still
+    falls back to EVAL for its owner. Returns how many were loaded (0 if Redis is down).
+    """
+    names = sorted(p.name for p in resources.files("triogate.lua").iterdir()
+                   if p.name.endswith(".lua"))
+    scripts = [Script.from_package("triogate.lua", n) for n in names]
+    try:
+        await backend.execute([("SCRIPT", "LOAD", s.source) for s in scripts])
+    except BackendUnavailable as exc:
+        logger.warning("could not preload scripts: %s", exc.reason)
+        return 0
+    return len(scripts)
+
+
+def wall_clock_ms() -> int:
+    """Epoch milliseconds: the one wall clock that feeds Redis scripts (tests inject theirs)."""
+    return time.time_ns() // 1_000_000
+
+
+@asynccontextmanager
+async def open_gateway(
+    config: GatewayConfig, *, clock_ms: Callable[[], int] = wall_clock_ms
+) -> AsyncIterator[Services]:
+    """Start every long-lived part of the gateway; drain and stop them on exit.
+
+    Raises:
+        ConfigError: (EmbeddedServerError) no server binary for the default mode.
+    """
+    state_dir = config.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    settings = config.settings
+    async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
+        url = settings.redis.url
+        if url is None:
+            url = await stack.enter_async_context(open_embedded_server(state_dir / "redis"))
+        backend = RespBackend(
+            url,
+            name="redis",
+            pool_size=settings.redis.pool_size,
+            command_timeout_s=settings.redis.timeout_s,
+        )
+        stack.push_async_callback(backend.aclose)
+        await load_scripts(backend)
+        backends = dict.fromkeys(BACKEND_NAMES, backend)
+        tracer = MemoryTracer() if settings.tracing else None
+        health = Health()
+        metrics_box: list[Metrics] = []
+
+        def settled(batch: PostCallBatch) -> None:
+            if metrics_box:
+                metrics_box[0].redis_waits.labels("after").observe(batch.rounds)
+
+        settler = Settler(
+            backends, tracer=tracer, journal=Journal(state_dir / "journal"), on_settled=settled
+        )
+        await nursery.start(settler.run)
+        providers = await stack.enter_async_context(
+            build_providers(config, max_connections=settings.upstream_max_connections)
+        )
+
+        def gauges() -> dict[str, tuple[str, float]]:
+            stats = settler.statistics()
+            return {
+                "triogate_settler_queue_depth": ("Post-call batches waiting.", stats.queued),
+                "triogate_settler_flushes": ("Settler flushes so far.", stats.flushes),
+                "triogate_settler_batches": ("Post-call batches settled so far.", stats.batches),
+                "triogate_journal_pending": ("Journal entries awaiting replay.",
+                                             stats.journal_pending),
+                "triogate_redis_up": ("1 when the last Redis check succeeded.",
+                                      1.0 if health.redis_ok else 0.0),
+            }
+
+        metrics = Metrics(gauges)
+        metrics_box.append(metrics)
+        services = Services(
+            config=config,
+            backends=backends,
+            settler=settler,
+            tracer=tracer,
+            providers=providers,
+            router=Router(config, clock_ms=clock_ms),
+            metrics=metrics,
+            clock_ms=clock_ms,
+            health=health,
+            checks=CheckSettings.from_config(settings.policies, settings.governance),
+            local=LocalGovernance(),
+        )
+        logger.info(
+            "gateway ready",
+            extra={"redis": redact_url(url), "deployments": len(config.deployments),
+                   "state_dir": str(state_dir)},
+        )
+        try:
+            yield services
+        finally:
+            with trio.CancelScope(shield=True) as drain:
+                drain.deadline = trio.current_time() + settings.shutdown_grace_s
+                await settler.wait_drained()
+            if drain.cancelled_caught:
+                logger.error("settler not drained within the grace period; journaling the rest")
+            nursery.cancel_scope.cancel()
+
+
+def hypercorn_config(config: GatewayConfig, *, host: str, port: int) -> HypercornConfig:
+    """Hypercorn's settings for the gateway (graceful timeout = shutdown grace)."""
+    hconfig = HypercornConfig()
+    hconfig.bind = [f"{host}:{port}"]
+    hconfig.graceful_timeout = config.settings.shutdown_grace_s
+    hconfig.accesslog = None
+    hconfig.errorlog = logging.getLogger("hypercorn.error")
+    hconfig.keep_alive_timeout = 75
+    hconfig.max_app_queue_size = 64
+    return hconfig
+
+
+async def _signals(
+    shutdown: trio.Event, force: trio.CancelScope, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """First SIGINT/SIGTERM: graceful shutdown. Second: stop waiting for requests.
+
+    Even a forced stop loses no accounting: the settler journals what it still holds.
+    """
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        task_status.started()
+        async for signum in received:
+            name = signal.Signals(signum).name
+            if not shutdown.is_set():
+                logger.info("shutting down", extra={"signal": name})
+                shutdown.set()
+            else:
+                logger.warning("forced shutdown", extra={"signal": name})
+                force.cancel()
+
+
+async def serve(
+    config: GatewayConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4000,
+    listen_fd: int | None = None,
+    shutdown: trio.Event | None = None,
+    handle_signals: bool = True,
+    clock_ms: Callable[[], int] = wall_clock_ms,
+    task_status: trio.TaskStatus[tuple[list[str], Services]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the gateway until SIGINT/SIGTERM (or ``shutdown`` is set), then drain.
+
+    ``listen_fd`` is an inherited listening socket (``--workers``: the supervisor binds
+    once, every worker accepts on it). ``task_status.started`` gets the bound URLs and
+    the services (tests use both).
+    """
+    shutdown = shutdown if shutdown is not None else trio.Event()
+    hconfig = hypercorn_config(config, host=host, port=port)
+    sockets = None
+    if listen_fd is not None:
+        sock = socket.socket(fileno=listen_fd)
+        sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+    async with trio.open_nursery() as outer:
+        if handle_signals:
+            await outer.start(_signals, shutdown, outer.cancel_scope)
+        async with open_gateway(config, clock_ms=clock_ms) as services:
+            asgi = wrap_app(GatewayASGI(services), hconfig.wsgi_max_body_size, "asgi")
+            async with trio.open_nursery() as server:
+                binds = await server.start(
+                    partial(worker_serve, asgi, hconfig, sockets=sockets,
+                            shutdown_trigger=shutdown.wait)
+                )
+                task_status.started((binds, services))
+            # hypercorn returned: it stopped accepting and in-flight requests finished
+            # (or hit the grace period). open_gateway's exit drains the settler.
+        outer.cancel_scope.cancel()

@@ -1,0 +1,93 @@
+"""Prometheus metrics, one registry per App (no global registry: no module state).
+
+Request counters and latency histograms are updated by the API layer; settler, spend-log
+and degradation figures are read from their owners' ``statistics()`` at scrape time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_WAIT_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Gauges:
+    """A collector reading live figures at scrape time."""
+
+    def __init__(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, (doc, value) in self._read().items():
+            yield GaugeMetricFamily(name, doc, value=value)
+
+
+class Metrics:
+    """The gateway's metrics. ``read_gauges`` is called at every scrape."""
+
+    def __init__(self, read_gauges: Callable[[], dict[str, tuple[str, float]]] | None = None):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "triogate_requests",
+            "Requests by route, model group, deployment and status code.",
+            ["route", "model_group", "deployment", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "triogate_request_duration_seconds",
+            "Time from request to last byte, by route and model group.",
+            ["route", "model_group"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "triogate_time_to_first_token_seconds",
+            "Time from request to the first streamed chunk, by route and model group.",
+            ["route", "model_group"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.redis_waits = Histogram(
+            "triogate_redis_waits_per_request",
+            "Redis waits (rounds) per request, before and after the model call.",
+            ["phase"],
+            buckets=_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.degraded = Counter(
+            "triogate_degraded_decisions",
+            "Decisions taken without Redis (fail-open or fail-closed), by check.",
+            ["check"],
+            registry=self.registry,
+        )
+        if read_gauges is not None:
+            self.registry.register(_Gauges(read_gauges))  # type: ignore[arg-type]
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)
+
+    def observe_request(self, route: str, group: str, deployment: str, status: int,
+                        duration_s: float) -> None:
+        """Count one finished request and its duration."""
+        self.requests.labels(route, group, deployment, str(status)).inc()
+        self.latency.labels(route, group).observe(duration_s)
+
+    def observe_waits(self, before: int, after: int) -> None:
+        """Record a request's Redis waits."""
+        self.redis_waits.labels("before").observe(before)
+        self.redis_waits.labels("after").observe(after)
+
+
+def label(value: Any) -> str:
+    """A label value from anything, never empty."""
+    return str(value) if value else "-"
