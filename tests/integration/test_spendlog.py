@@ -1,0 +1,151 @@
+"""The spend-log writer against real SQLite and real PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+import sqlalchemy as sa
+import trio
+
+from triogate.store import SpendLogRow, SpendLogWriter, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from triogate.store import Store
+
+    from .conftest import SqlTarget, TcpProxy
+
+pytestmark = pytest.mark.integration
+
+
+def row(i: int) -> SpendLogRow:
+    return SpendLogRow(
+        request_id=f"req-{i}",
+        api="chat",
+        key_hash="k",
+        tags=("t",),
+        cost_nanousd=1000 + i,
+        start_time_ms=1_700_000_000_000 + i,
+    )
+
+
+async def stored_ids(store: Store) -> list[str]:
+    rows, _ = await store.query_spend_logs(size=1000)
+    return sorted(r.request_id for r in rows)
+
+
+async def wait_until(predicate: Callable[[], bool], *, poll_s: float = 0.01) -> None:
+    """Poll the writer's statistics (it has no event for "n failures so far")."""
+    while not predicate():  # noqa: ASYNC110
+        await trio.sleep(poll_s)
+
+
+async def test_rows_are_written_in_batches_and_drained(store: Store, tmp_path: Path) -> None:
+    writer = SpendLogWriter(store, interval_s=60.0, batch_rows=10, fallback_dir=tmp_path / "fb")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            for i in range(25):
+                writer.submit_nowait(row(i))
+            # Two full batches leave at once; the rest waits for its (long) interval.
+            await wait_until(lambda: writer.statistics().batches == 2)
+            assert len(await stored_ids(store)) == 20
+            await writer.wait_drained()  # flushes the remainder now
+            nursery.cancel_scope.cancel()
+    assert await stored_ids(store) == sorted(f"req-{i}" for i in range(25))
+    totals = await store.spend_totals(tag="t")
+    assert totals.cost_nanousd == sum(1000 + i for i in range(25))
+    stats = writer.statistics()
+    assert (stats.written, stats.batches, stats.failures, stats.spilled) == (25, 3, 0, 0)
+    assert not list((tmp_path / "fb").glob("*.jsonl"))
+
+
+async def test_a_short_interval_writes_without_a_drain(store: Store) -> None:
+    writer = SpendLogWriter(store, interval_s=0.05, batch_rows=500)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            writer.submit_nowait(row(1))
+            await wait_until(lambda: writer.statistics().written == 1)
+            nursery.cancel_scope.cancel()
+    assert await stored_ids(store) == ["req-1"]
+
+
+def _rename(store: Store, old: str, new: str) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER TABLE {old} RENAME TO {new}"))
+
+
+async def test_writes_that_fail_are_retried_until_the_table_is_back(
+    store: Store, sql_target: SqlTarget
+) -> None:
+    writer = SpendLogWriter(store, interval_s=0.02, min_backoff_s=0.01, max_backoff_s=0.05)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await trio.to_thread.run_sync(_rename, store, "spend_logs", "spend_logs_away")
+            for i in range(5):
+                writer.submit_nowait(row(i))
+            await wait_until(lambda: writer.statistics().failures >= 3)
+            writer.submit_nowait(row(5))
+            assert writer.statistics().written == 0
+            await trio.to_thread.run_sync(_rename, store, "spend_logs_away", "spend_logs")
+            await writer.wait_drained()
+            nursery.cancel_scope.cancel()
+    assert await stored_ids(store) == [f"req-{i}" for i in range(6)]
+
+
+async def test_writes_survive_postgres_going_away_and_coming_back(
+    postgres_proxy: tuple[TcpProxy, str], tmp_path: Path
+) -> None:
+    proxy, url = postgres_proxy
+    with trio.fail_after(60):
+        async with open_store(url, state_dir=tmp_path) as store:
+            writer = SpendLogWriter(store, interval_s=0.02, min_backoff_s=0.01, max_backoff_s=0.1)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(writer.run)
+                writer.submit_nowait(row(0))
+                await writer.wait_drained()
+                proxy.down()
+                for i in range(1, 4):
+                    writer.submit_nowait(row(i))
+                await wait_until(lambda: writer.statistics().failures >= 2)
+                await proxy.up()
+                await writer.wait_drained()
+                nursery.cancel_scope.cancel()
+            assert await stored_ids(store) == [f"req-{i}" for i in range(4)]
+
+
+async def test_rows_spilled_on_cancellation_are_written_by_the_next_writer_once(
+    store: Store, sql_target: SqlTarget, tmp_path: Path
+) -> None:
+    folder = tmp_path / "spendlog"
+    with trio.fail_after(30):
+        await store.insert_spend_logs([row(0)])  # already written: the replay must skip it
+        await trio.to_thread.run_sync(_rename, store, "spend_logs", "spend_logs_away")
+        first = SpendLogWriter(store, interval_s=0.02, min_backoff_s=0.01, fallback_dir=folder)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(first.run)
+            for i in range(4):
+                first.submit_nowait(row(i))
+            await wait_until(lambda: first.statistics().failures >= 2)
+            with trio.move_on_after(0.2):
+                await first.wait_drained()  # the grace period runs out
+            nursery.cancel_scope.cancel()
+        assert first.statistics().spilled == 4
+        assert len(list(folder.glob("spill-*.jsonl"))) == 1
+        await trio.to_thread.run_sync(_rename, store, "spend_logs_away", "spend_logs")
+
+        # A new process on the same database and state folder.
+        async with open_store(sql_target.url, state_dir=sql_target.state_dir) as again:
+            second = SpendLogWriter(again, interval_s=0.02, fallback_dir=folder)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(second.run)
+                assert second.statistics().recovered == 4
+                await second.wait_drained()
+                nursery.cancel_scope.cancel()
+    assert await stored_ids(store) == [f"req-{i}" for i in range(4)]
+    assert list(folder.iterdir()) == []

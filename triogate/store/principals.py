@@ -1,0 +1,83 @@
+"""Rows → :class:`~triogate.governance.principals.Principal`: what governance checks.
+
+The store imports the governance *records* only (no logic), so identity resolution can
+turn rows fetched from SQL into principals without knowing column names. A row without
+a budget anchor (never the case for rows this store wrote) anchors its periods at 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from triogate.governance.principals import Limits, Principal
+
+if TYPE_CHECKING:
+    from .records import EndUserRow, KeyRow, TagRow, TeamRow, UserRow
+
+
+def _limits(
+    row: KeyRow | TeamRow | UserRow | EndUserRow | TagRow, *, max_parallel: int | None
+) -> Limits:
+    return Limits(
+        max_budget_nanousd=row.max_budget_nanousd,
+        budget_duration_s=row.budget_duration_s,
+        budget_anchor_s=row.budget_anchor_s or 0,
+        rpm=row.rpm_limit,
+        tpm=row.tpm_limit,
+        max_parallel=max_parallel,
+    )
+
+
+def key_principal(row: KeyRow) -> Principal:
+    """A key: id = its SHA-256, with per-model limits and expiry."""
+    return Principal(
+        kind="key",
+        id=row.token_hash,
+        limits=_limits(row, max_parallel=row.max_parallel_requests),
+        models=row.models,
+        blocked=row.blocked,
+        expires_ms=row.expires_at_ms,
+        model_rpm=dict(row.model_rpm_limit),
+        model_tpm=dict(row.model_tpm_limit),
+        alias=row.key_alias,
+    )
+
+
+def team_principal(row: TeamRow) -> Principal:
+    """A team."""
+    return Principal(
+        kind="team",
+        id=row.team_id,
+        limits=_limits(row, max_parallel=row.max_parallel_requests),
+        models=row.models,
+        blocked=row.blocked,
+        alias=row.team_alias,
+    )
+
+
+def user_principal(row: UserRow) -> Principal:
+    """An internal user (alias: its alias, else its email)."""
+    return Principal(
+        kind="user",
+        id=row.user_id,
+        limits=_limits(row, max_parallel=row.max_parallel_requests),
+        models=row.models,
+        blocked=row.blocked,
+        alias=row.user_alias or row.user_email,
+    )
+
+
+def end_user_principal(row: EndUserRow) -> Principal:
+    """An end user (LiteLLM's customer): no model list of its own."""
+    return Principal(
+        kind="end_user",
+        id=row.user_id,
+        limits=_limits(row, max_parallel=row.max_parallel_requests),
+        blocked=row.blocked,
+        alias=row.alias,
+    )
+
+
+def tag_principal(row: TagRow) -> Principal:
+    """A tag: budget and rate limits only."""
+    return Principal(kind="tag", id=row.tag, limits=_limits(row, max_parallel=None))

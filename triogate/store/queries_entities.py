@@ -1,0 +1,216 @@
+"""Create, read, update, delete and list keys, teams, users, end users and tags.
+
+One table-driven implementation for the five entities: an :class:`Entity` names the
+table, its id column, its row record and which fields callers may set. The functions
+here block; :class:`~triogate.store.queries.Store` runs them in worker threads.
+
+Callers pass the record's field names (``expires_at_ms``, ``budget_duration``); the
+mapping to LiteLLM's column names (``expires_at``) lives here and nowhere else. An
+unknown field name is a ``TypeError`` that lists the accepted ones, so a typo in an
+admin handler fails loudly instead of being ignored.
+
+Budget periods count from ``budget_anchor_s``: creation time, reset whenever an update
+changes ``budget_duration`` (unless the update sets the anchor itself).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import sqlalchemy as sa
+
+from . import schema
+from .records import EndUserRow, KeyRow, TagRow, TeamRow, UserRow, parse_duration
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from sqlalchemy.engine import Engine
+
+#: Record field ↔ column, where LiteLLM's column name lacks the unit.
+_FIELD_TO_COLUMN = {
+    "created_at_ms": "created_at",
+    "updated_at_ms": "updated_at",
+    "expires_at_ms": "expires_at",
+}
+_COLUMN_TO_FIELD = {v: k for k, v in _FIELD_TO_COLUMN.items()}
+_LIST_COLUMNS = frozenset({"models", "tags"})
+_DICT_COLUMNS = frozenset({"metadata", "model_rpm_limit", "model_tpm_limit"})
+#: Fields no caller sets: derived (duration seconds, hint) or maintained (times).
+_DERIVED = frozenset({"budget_duration_s", "created_at_ms", "updated_at_ms", "key_hint"})
+#: Rows fetched per ``IN (...)`` (far below SQLite's 32,766 bound parameters).
+_IN_CHUNK = 500
+MAX_PAGE_SIZE = 1000
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Entity:
+    """What the generic queries need to know about one entity table."""
+
+    name: str
+    table: sa.Table
+    row_cls: type[Any]
+    id_field: str
+    list_filters: tuple[str, ...] = ()
+
+    @property
+    def id_column(self) -> sa.Column[Any]:
+        return self.table.c[self.id_field]
+
+    @property
+    def settable(self) -> frozenset[str]:
+        """Fields an update may set (the id and derived fields excluded)."""
+        return frozenset(attrs.fields_dict(self.row_cls)) - _DERIVED - {self.id_field}
+
+
+KEYS = Entity(
+    name="key",
+    table=schema.keys,
+    row_cls=KeyRow,
+    id_field="token_hash",
+    list_filters=("team_id", "user_id"),
+)
+TEAMS = Entity(name="team", table=schema.teams, row_cls=TeamRow, id_field="team_id")
+USERS = Entity(
+    name="user",
+    table=schema.users,
+    row_cls=UserRow,
+    id_field="user_id",
+    list_filters=("user_email",),
+)
+END_USERS = Entity(name="end user", table=schema.end_users, row_cls=EndUserRow, id_field="user_id")
+TAGS = Entity(name="tag", table=schema.tags, row_cls=TagRow, id_field="tag")
+
+
+def row_from_db(entity: Entity, mapping: Mapping[Any, Any]) -> Any:
+    """The entity's record from a result mapping (JSON lists become tuples)."""
+    values: dict[str, Any] = {}
+    for column, value in mapping.items():
+        if column in _LIST_COLUMNS:
+            value = tuple(value or ())
+        elif column in _DICT_COLUMNS:
+            value = dict(value or {})
+        elif column == "blocked":
+            value = bool(value)
+        values[_COLUMN_TO_FIELD.get(column, column)] = value
+    return entity.row_cls(**values)
+
+
+def check_fields(entity: Entity, fields: Mapping[str, Any], *, allowed: frozenset[str]) -> None:
+    """Raise ``TypeError`` naming any field the entity has no settable column for."""
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise TypeError(f"unknown {entity.name} field(s) {unknown}; accepted: {sorted(allowed)}")
+
+
+def to_columns(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Column values for record fields: units mapped, lists and dicts validated."""
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        column = _FIELD_TO_COLUMN.get(name, name)
+        if column in _LIST_COLUMNS:
+            if isinstance(value, (str, bytes)):
+                raise TypeError(f"{name} must be a list of strings, not a string")
+            value = [str(v) for v in (value or ())]
+        elif column in _DICT_COLUMNS:
+            value = dict(value or {})
+        elif column == "blocked":
+            value = bool(value)
+        elif column == "budget_duration":
+            values["budget_duration_s"] = None if value is None else parse_duration(value)
+        values[column] = value
+    return values
+
+
+def create_values(entity: Entity, fields: Mapping[str, Any], *, now_ms: int) -> dict[str, Any]:
+    """Every column of a new row: the given fields plus defaults and times."""
+    values: dict[str, Any] = {
+        c.name: ([] if c.name in _LIST_COLUMNS else {} if c.name in _DICT_COLUMNS else None)
+        for c in entity.table.c
+    }
+    if "blocked" in values:
+        values["blocked"] = False
+    values.update(to_columns(fields))
+    if values.get("budget_anchor_s") is None and "budget_anchor_s" in values:
+        values["budget_anchor_s"] = now_ms // 1000
+    values["created_at"] = values["updated_at"] = now_ms
+    return values
+
+
+def create(engine: Engine, entity: Entity, values: Mapping[str, Any]) -> Any:
+    """Insert one row; return its record (``IntegrityError`` if the id exists)."""
+    with engine.begin() as conn:
+        stmt = sa.insert(entity.table).values(dict(values)).returning(*entity.table.c)
+        return row_from_db(entity, conn.execute(stmt).mappings().one())
+
+
+def get_many(engine: Engine, entity: Entity, ids: Sequence[str]) -> dict[str, Any]:
+    """Records by id; ids not found are absent from the result."""
+    unique = list(dict.fromkeys(ids))
+    out: dict[str, Any] = {}
+    with engine.connect() as conn:
+        for start in range(0, len(unique), _IN_CHUNK):
+            chunk = unique[start : start + _IN_CHUNK]
+            stmt = sa.select(entity.table).where(entity.id_column.in_(chunk))
+            for mapping in conn.execute(stmt).mappings():
+                out[mapping[entity.id_field]] = row_from_db(entity, mapping)
+    return out
+
+
+def update(
+    engine: Engine, entity: Entity, id_: str, fields: Mapping[str, Any], *, now_ms: int
+) -> Any:
+    """Set the given fields of one row; return the new record, or None if there is none."""
+    table = entity.table
+    values: dict[str, Any] = to_columns(fields)
+    values["updated_at"] = now_ms
+    if "budget_duration" in values and "budget_anchor_s" not in values:
+        # SET expressions see the old row: the anchor moves only if the duration changes.
+        values["budget_anchor_s"] = sa.case(
+            (table.c.budget_duration.is_distinct_from(values["budget_duration"]), now_ms // 1000),
+            else_=table.c.budget_anchor_s,
+        )
+    stmt = sa.update(table).where(entity.id_column == id_).values(values).returning(*table.c)
+    with engine.begin() as conn:
+        mapping = conn.execute(stmt).mappings().one_or_none()
+    return None if mapping is None else row_from_db(entity, mapping)
+
+
+def delete_many(engine: Engine, entity: Entity, ids: Sequence[str]) -> int:
+    """Delete rows by id; return how many existed."""
+    unique = list(dict.fromkeys(ids))
+    deleted = 0
+    with engine.begin() as conn:
+        for start in range(0, len(unique), _IN_CHUNK):
+            chunk = unique[start : start + _IN_CHUNK]
+            result = conn.execute(sa.delete(entity.table).where(entity.id_column.in_(chunk)))
+            deleted += result.rowcount
+    return deleted
+
+
+def list_page(
+    engine: Engine, entity: Entity, filters: Mapping[str, Any], *, page: int, size: int
+) -> tuple[list[Any], int]:
+    """One page (oldest first, then by id: a stable order) and the number of matches."""
+    table = entity.table
+    where = [table.c[name] == value for name, value in filters.items() if value is not None]
+    with engine.connect() as conn:
+        total = conn.execute(
+            sa.select(sa.func.count()).select_from(table).where(*where)
+        ).scalar_one()
+        result = conn.execute(
+            sa.select(table)
+            .where(*where)
+            .order_by(table.c.created_at, entity.id_column)
+            .limit(size)
+            .offset((page - 1) * size)
+        )
+        return [row_from_db(entity, m) for m in result.mappings()], int(total)
+
+
+def check_page(page: int, size: int) -> None:
+    """Raise ``ValueError`` unless ``page >= 1`` and ``1 <= size <= MAX_PAGE_SIZE``."""
+    if page < 1 or not 1 <= size <= MAX_PAGE_SIZE:
+        raise ValueError(f"page must be >= 1 and size in 1..{MAX_PAGE_SIZE} ({page=}, {size=})")
