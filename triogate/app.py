@@ -37,7 +37,10 @@ from triogate.batch import (
     redact_url,
 )
 from triogate.governance.facts import CheckSettings
+from triogate.governance.identity import IdentityResolver
 from triogate.governance.local import LocalGovernance
+from triogate.store import open_store
+from triogate.store.spendlog import SpendLogWriter
 from triogate.metrics import Metrics
 from triogate.providers import build_providers
 from triogate.redis_server import open_embedded_server
@@ -116,6 +119,19 @@ async def open_gateway(
         providers = await stack.enter_async_context(
             build_providers(config, max_connections=settings.upstream_max_connections)
         )
+        store = await stack.enter_async_context(
+            open_store(config.database_url, state_dir=state_dir, now_ms=clock_ms)
+        )
+        identities = IdentityResolver(
+            store, backend, backend.open_subscription,
+            ttl_s=settings.governance.identity_ttl_s,
+        )
+        nursery.start_soon(identities.run)
+        spend_logs = SpendLogWriter(
+            store, interval_s=settings.spend_log_interval_s,
+            batch_rows=settings.spend_log_batch_rows, fallback_dir=state_dir / "spendlog",
+        )
+        await nursery.start(spend_logs.run)
 
         def gauges() -> dict[str, tuple[str, float]]:
             stats = settler.statistics()
@@ -127,6 +143,8 @@ async def open_gateway(
                                              stats.journal_pending),
                 "triogate_redis_up": ("1 when the last Redis check succeeded.",
                                       1.0 if health.redis_ok else 0.0),
+                "triogate_spend_log_queue": ("Spend-log rows waiting to be written.",
+                                             spend_logs.statistics().queued),
             }
 
         metrics = Metrics(gauges)
@@ -143,6 +161,9 @@ async def open_gateway(
             health=health,
             checks=CheckSettings.from_config(settings.policies, settings.governance),
             local=LocalGovernance(),
+            identities=identities,
+            store=store,
+            spend_logs=spend_logs,
         )
         logger.info(
             "gateway ready",
@@ -155,8 +176,10 @@ async def open_gateway(
             with trio.CancelScope(shield=True) as drain:
                 drain.deadline = trio.current_time() + settings.shutdown_grace_s
                 await settler.wait_drained()
+                await spend_logs.wait_drained()
             if drain.cancelled_caught:
-                logger.error("settler not drained within the grace period; journaling the rest")
+                # Nothing is lost: the settler journals and the writer spills what is left.
+                logger.error("not drained within the grace period; journaling the rest")
             nursery.cancel_scope.cancel()
 
 

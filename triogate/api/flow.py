@@ -83,8 +83,10 @@ async def serve(services: Services, call: Call) -> Response:
     """Run ``call`` through admission, the model and settlement; return the response."""
     admitted = await admission.admit(services, call)
     if admitted.rejection is not None:
-        await settlement.settle(services, call, admitted, outcome=settlement.rejected())
-        raise from_rejection(admitted.rejection)
+        error = from_rejection(admitted.rejection)
+        await settlement.settle(services, call, admitted,
+                                outcome=settlement.rejected(error.status))
+        raise error
     if call.stream:
         return await _stream(services, call, admitted)
     return await _complete(services, call, admitted)
@@ -101,8 +103,10 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
             admitted.routing, attempt, admitted.facts
         )
     except (ProviderError, NoDeploymentAvailable) as exc:
-        await settlement.settle(services, call, admitted, outcome=settlement.failed(exc))
-        raise _api_error(exc) from None
+        error = _api_error(exc)
+        await settlement.settle(services, call, admitted, outcome=settlement.failed(
+            exc, error.status, admitted=not isinstance(exc, NoDeploymentAvailable)))
+        raise error from None
     completion = result.value
     await settlement.settle(
         services, call, admitted,
@@ -143,8 +147,10 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             admitted.routing, attempt, admitted.facts
         )
     except (ProviderError, NoDeploymentAvailable) as exc:
-        await settlement.settle(services, call, admitted, outcome=settlement.failed(exc))
-        raise _api_error(exc) from None
+        error = _api_error(exc)
+        await settlement.settle(services, call, admitted, outcome=settlement.failed(
+            exc, error.status, admitted=not isinstance(exc, NoDeploymentAvailable)))
+        raise error from None
     opened = result.value
     first_token_s = trio.current_time() - call.request.started_at
     services.metrics.ttft.labels(call.route, call.group).observe(first_token_s)

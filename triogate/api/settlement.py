@@ -17,6 +17,7 @@ import trio
 
 from triogate.batch import open_post_call_batch
 from triogate.governance import budgets, rate_limits
+from triogate.store.records import SpendLogRow
 from triogate.providers.base import Usage
 
 if TYPE_CHECKING:
@@ -60,14 +61,14 @@ class Outcome:
         return self.route.deployment if self.route is not None else None
 
 
-def rejected() -> Outcome:
+def rejected(http_status: int) -> Outcome:
     """A check refused the request."""
-    return Outcome(admitted=False, status="rejected", http_status=0)
+    return Outcome(admitted=False, status="rejected", http_status=http_status)
 
 
-def failed(error: BaseException) -> Outcome:
-    """Every attempt failed (or no deployment could be tried)."""
-    return Outcome(admitted=True, status="error", http_status=502, error=error)
+def failed(error: BaseException, http_status: int, *, admitted: bool = True) -> Outcome:
+    """Every attempt failed (or, with ``admitted=False``, no deployment could be tried)."""
+    return Outcome(admitted=admitted, status="error", http_status=http_status, error=error)
 
 
 def succeeded(route: RouteResult[Any], usage: Usage, *, body: dict[str, Any] | None = None,
@@ -108,6 +109,8 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
             )
     deployment = outcome.deployment
     duration_s = trio.current_time() - call.request.started_at
+    if services.spend_logs is not None:
+        services.spend_logs.submit_nowait(_spend_row(call, admitted, outcome, now_ms))
     services.metrics.observe_request(
         call.route, call.group, deployment.id if deployment else "-",
         outcome.http_status or 0, duration_s,
@@ -126,4 +129,33 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
             "cost_nanousd": cost_nanousd(outcome),
             "stream": call.stream,
         },
+    )
+
+
+def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int) -> SpendLogRow:
+    identity = admitted.identity
+    key = identity.key if identity is not None and not identity.master else None
+    deployment = outcome.deployment
+    return SpendLogRow(
+        request_id=call.trace_id,
+        api=call.api,
+        key_hash=key.id if key else None,
+        key_alias=key.alias if key else None,
+        team_id=identity.team.id if identity and identity.team else None,
+        user_id=identity.user.id if identity and identity.user else None,
+        end_user=call.end_user,
+        tags=tuple(dict.fromkeys((*call.tags, *(t.id for t in identity.tags)) if identity
+                                 else call.tags)),
+        model_group=call.group,
+        deployment_id=deployment.id if deployment else None,
+        upstream_model=deployment.upstream_model if deployment else None,
+        input_tokens=outcome.usage.input_tokens,
+        output_tokens=outcome.usage.output_tokens,
+        cost_nanousd=cost_nanousd(outcome),
+        cache_hit=outcome.status == "cache_hit",
+        status="success" if outcome.status == "cache_hit" else outcome.status,
+        http_status=outcome.http_status or None,
+        latency_ms=max(0, now_ms - admitted.now_ms),
+        start_time_ms=admitted.now_ms,
+        end_time_ms=now_ms,
     )

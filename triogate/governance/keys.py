@@ -16,6 +16,15 @@ Layout (``T`` = the principal's tag)::
     tg:T:rl:tpm:m:<group>
     tg:T:rl:par                  ZSET  request id -> lease expiry (epoch ms)
     tg:T:rl:done:<request id>    STRING settlement marker (TTL)
+
+Identity rows share ONE tag, ``{id}``, so a single MGET can fetch every missing row of
+a request (a key's bundle, its end user, its tags) even on Redis Cluster::
+
+    tg:{id}:gen                  STRING generation, bumped by every admin change
+    tg:{id}:key:<sha256>         STRING JSON bundle: the key, its team, its user
+    tg:{id}:end_user:<id>        STRING JSON row (or a "missing" marker)
+    tg:{id}:tag:<tag>            STRING JSON row (or a "missing" marker)
+    tg:{id}:invalidate           pub/sub channel: "<kind>:<id>" or "*"
 """
 
 from __future__ import annotations
@@ -105,3 +114,25 @@ def rate_window_key(
 def rate_marker(kind: str, principal_id: str, request_id: str) -> str:
     """The settlement marker of one request at one principal's rate windows."""
     return f"{PREFIX}:{principal_tag(kind, principal_id)}:rl:done:{request_id}"
+
+
+#: The hash tag of every identity row (one slot: one MGET fetches any mix of them).
+IDENTITY_TAG = "{id}"
+#: The pub/sub channel admin changes are announced on.
+IDENTITY_CHANNEL = f"{PREFIX}:{IDENTITY_TAG}:invalidate"
+
+
+def identity_generation() -> str:
+    """The identity generation counter; tag ``{id}``."""
+    return f"{PREFIX}:{IDENTITY_TAG}:gen"
+
+
+def identity_row(kind: str, row_id: str) -> str:
+    """A cached identity row (``kind`` = key, end_user or tag); tag ``{id}``.
+
+    Key rows are keyed by the key's SHA-256; other ids are hashed when they hold braces
+    or are long, as in :func:`principal_tag`.
+    """
+    if not row_id or "{" in row_id or "}" in row_id or len(row_id) > _MAX_PLAIN_ID:
+        row_id = "#" + hashlib.sha256(row_id.encode()).hexdigest()[:32]
+    return f"{PREFIX}:{IDENTITY_TAG}:{kind}:{row_id}"

@@ -6,12 +6,13 @@ Every limit is optional (None = unlimited). Money is in integer nano-USD.
 
 from __future__ import annotations
 
+from collections.abc import Mapping  # noqa: TC003 (cattrs resolves field types at run time)
 from typing import TYPE_CHECKING, final
 
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator
 
 KINDS = ("key", "team", "user", "end_user", "tag")
 

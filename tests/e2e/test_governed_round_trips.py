@@ -1,0 +1,100 @@
+"""The I/O budget with governance on: key, team and end-user budgets, TPM/RPM limits and
+usage-based routing cost ONE wait before the model call and one after, with the
+identity in memory; at most three in all when it must be refreshed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+
+from tests.e2e.conftest import gateway_config, running_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    from tests.e2e.conftest import Gateway
+    from triogate.batch import RespBackend, TraceSummary
+    from triogate.fakeupstream import FakeUpstream
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+USD = 1_000_000_000
+
+
+@pytest.fixture
+async def governed(tmp_path: Path, redis: RespBackend, redis_url: str,
+                   upstream: FakeUpstream) -> AsyncIterator[tuple[Gateway, str]]:
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                            router_settings={"routing_strategy": "usage-based-routing"})
+    with trio.fail_after(60):
+        async with running_gateway(config) as gateway:
+            store = gateway.services.store
+            assert store is not None
+            team = await store.create_team(team_alias="ml", max_budget_nanousd=100 * USD,
+                                           budget_duration="30d", tpm_limit=1_000_000,
+                                           rpm_limit=1000)
+            raw, _ = await store.create_key(team_id=team.team_id, max_budget_nanousd=10 * USD,
+                                            budget_duration="1d", tpm_limit=100_000,
+                                            rpm_limit=100)
+            await store.create_end_user(user_id="customer-1", max_budget_nanousd=1 * USD,
+                                        rpm_limit=50)
+            yield gateway, raw
+
+
+async def traced(gateway: Gateway, key: str, **extra: object) -> TraceSummary:
+    body = {"model": "gpt-test", "user": "customer-1",
+            "messages": [{"role": "user", "content": "count my waits"}], **extra}
+    async with httpx.AsyncClient(timeout=20) as http:
+        response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    assert gateway.services.tracer is not None
+    return gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
+
+
+async def test_identity_in_memory_waits_once_before_and_once_after(
+    governed: tuple[Gateway, str],
+) -> None:
+    gateway, key = governed
+    await traced(gateway, key)  # warms the identity
+    summary = await traced(gateway, key)
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+    (before,) = [r for r in summary.records if r.phase == "before"]
+    owners = sorted(before.owners)
+    # One script per principal: budgets for key, team and end user; limits for key,
+    # team and end user; one routing read; nothing for auth.
+    assert owners == sorted(["budgets"] * 3 + ["rate_limits"] * 3 + ["routing"])
+    (after,) = [r for r in summary.records if r.phase == "after"]
+    assert sorted(after.owners) == sorted(["budgets"] * 3 + ["rate_limits"] * 3 + ["routing"])
+
+
+async def test_a_streamed_request_has_the_same_budget(governed: tuple[Gateway, str]) -> None:
+    gateway, key = governed
+    await traced(gateway, key)
+    summary = await traced(gateway, key, stream=True)
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+
+
+async def test_a_cold_or_refreshed_identity_waits_at_most_three_times(
+    governed: tuple[Gateway, str],
+) -> None:
+    gateway, key = governed
+    identities = gateway.services.identities
+    assert identities is not None
+    cold = await traced(gateway, key)  # never seen: MGET misses, SQL, write-back
+    assert cold.waits <= 3
+    assert cold.waits_before == 2
+    loads = identities.sql_loads
+    identities.expire()  # what 60 s would do; rows stay as hints
+    refreshed = await traced(gateway, key)
+    assert refreshed.waits <= 3
+    assert (refreshed.waits_before, refreshed.waits_after) == (2, 1)
+    assert identities.sql_loads == loads  # Redis had the rows: no SQL this time
+    first = [r for r in refreshed.records if r.phase == "before" and r.round == 1]
+    assert "auth" in {o for r in first for o in r.owners}
