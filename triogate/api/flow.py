@@ -102,11 +102,8 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
         result: RouteResult[Completion] = await services.router.run(
             admitted.routing, attempt, admitted.facts
         )
-    except (ProviderError, NoDeploymentAvailable) as exc:
-        error = _api_error(exc)
-        await settlement.settle(services, call, admitted, outcome=settlement.failed(
-            exc, error.status, admitted=not isinstance(exc, NoDeploymentAvailable)))
-        raise error from None
+    except (ProviderError, NoDeploymentAvailable, ValueError) as exc:
+        raise await _failed(services, call, admitted, exc) from None
     completion = result.value
     await settlement.settle(
         services, call, admitted,
@@ -146,11 +143,8 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         result: RouteResult[_Open] = await services.router.run(
             admitted.routing, attempt, admitted.facts
         )
-    except (ProviderError, NoDeploymentAvailable) as exc:
-        error = _api_error(exc)
-        await settlement.settle(services, call, admitted, outcome=settlement.failed(
-            exc, error.status, admitted=not isinstance(exc, NoDeploymentAvailable)))
-        raise error from None
+    except (ProviderError, NoDeploymentAvailable, ValueError) as exc:
+        raise await _failed(services, call, admitted, exc) from None
     opened = result.value
     first_token_s = trio.current_time() - call.request.started_at
     services.metrics.ttft.labels(call.route, call.group).observe(first_token_s)
@@ -193,7 +187,24 @@ def _forward(call: Call, event: dict[str, Any]) -> bool:
     return not (event.get("usage") and not event.get("choices"))
 
 
-def _api_error(exc: ProviderError | NoDeploymentAvailable) -> ApiError:
+async def _failed(services: Services, call: Call, admitted: Admission,
+                  exc: ProviderError | NoDeploymentAvailable | ValueError) -> ApiError:
+    """Settle a request that got no answer; the error to send.
+
+    A request the upstream never saw (no deployment, or one it cannot be translated
+    for) gives its quota back; an upstream failure was a real attempt and is counted.
+    """
+    error = _api_error(exc)
+    upstream_saw_it = isinstance(exc, ProviderError)
+    await settlement.settle(services, call, admitted, outcome=settlement.failed(
+        exc, error.status, admitted=upstream_saw_it))
+    return error
+
+
+def _api_error(exc: ProviderError | NoDeploymentAvailable | ValueError) -> ApiError:
+    if isinstance(exc, ValueError):
+        # Raised by translation for what this upstream cannot express.
+        return ApiError(400, str(exc), "invalid_request_error", code="unsupported_for_model")
     if isinstance(exc, NoDeploymentAvailable):
         status = 429 if exc.reason == "limits" else 503
         return ApiError(

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from triogate.api import chat, health
+from triogate.api import chat, embeddings, health, messages, responses
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -42,5 +42,10 @@ def table() -> dict[tuple[str, str], Route]:
     }
     for prefix in ("/v1", ""):
         routes[("POST", f"{prefix}/chat/completions")] = _model(chat.chat_completions, "chat")
+        routes[("POST", f"{prefix}/messages")] = _model(messages.create_message, "messages",
+                                                       "anthropic")
+        routes[("POST", f"{prefix}/responses")] = _model(responses.create_response, "responses")
+        routes[("POST", f"{prefix}/embeddings")] = _model(embeddings.create_embeddings,
+                                                         "embeddings")
         routes[("GET", f"{prefix}/models")] = Route(health.models, name="models", kind="model")
     return routes
