@@ -88,3 +88,29 @@ async def test_sigterm_lets_in_flight_requests_finish_and_exits_0(
     (key,) = usage[0]
     assert await redis.execute([("HGET", key, "rpm:slow-a")]) == [b"8"]
     assert not list((tmp_path / "state" / "journal").glob("*.jsonl"))
+
+
+async def test_shutdown_after_a_stream_on_a_kept_alive_connection_is_prompt(
+    tmp_path: Path, redis: RespBackend, redis_url: str
+) -> None:
+    """A regression: the disconnect watcher's cancel used to land inside hypercorn's
+    connection recycling, leaving the idle connection to the whole grace period."""
+    from tests.e2e.conftest import gateway_config, running_gateway
+
+    async with open_fake_upstream() as upstream:
+        config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                                triogate={"shutdown_grace_s": 60})
+        with trio.fail_after(30):
+            async with running_gateway(config) as gateway:
+                http = httpx.AsyncClient()  # left open: its connection stays alive
+                async with http.stream(
+                    "POST", f"{gateway.openai_base}/chat/completions",
+                    headers={"authorization": f"Bearer {MASTER_KEY}"},
+                    json={"model": "gpt-test", "stream": True,
+                          "messages": [{"role": "user", "content": "hi"}]},
+                ) as response:
+                    assert [line async for line in response.aiter_lines()][-2:] == [
+                        "data: [DONE]", ""]
+                stopping = trio.current_time()
+            # Far below the 60 s grace: the idle keep-alive connection was closed at once.
+            assert trio.current_time() - stopping < 10

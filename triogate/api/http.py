@@ -154,5 +154,10 @@ class StreamResponse(Response):
             nursery.start_soon(watch)
             await send(self._start())
             await self.produce(write)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # Stop watching BEFORE the last send: ending the response makes hypercorn
+            # recycle the connection and post http.disconnect to the watcher; a cancel
+            # landing inside that bookkeeping would leave the keep-alive connection
+            # without its idle timer (shutdown would then wait the whole grace period).
             nursery.cancel_scope.cancel()
+        if not self.disconnected:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
