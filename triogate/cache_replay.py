@@ -1,0 +1,407 @@
+"""Streams and whole answers, both ways: what lets one cache entry serve both kinds of client.
+
+The cache stores one shape per entry: the *complete* response body in the client's API
+shape, the same whether the answer was streamed or not. :func:`assemble` turns the
+events of a finished stream into that body; :func:`replay` turns a body back into the
+events a streaming client of that API expects. So a request cached by a non-streaming
+client answers a streaming one, and the other way round.
+
+``assemble`` is strict: anything it does not understand (an error event, an unknown
+delta, a stream that never finished) makes it answer None, and nothing is cached. Not
+caching is never wrong; caching half an answer is.
+
+``replay`` emits what the official SDKs accumulate back into the same body: for chat, per
+choice a role chunk, a content chunk, one chunk per tool call and a finish chunk, then a
+usage chunk; for messages, ``message_start`` ... ``message_stop``; for responses,
+``response.created`` ... ``response.completed``. Text goes out in one delta per block:
+the answer is already complete, and slicing it would only add bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from triogate.providers.base import Api
+
+# Chat delta fields that are set, not concatenated, when a later chunk repeats them
+# (some OpenAI-compatible servers repeat the tool call's id and name in every chunk).
+_SET_KEYS = frozenset({"role", "index", "type", "id", "name"})
+
+
+# =========================================================================== assemble
+
+
+def assemble(api: Api, events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The complete response body of a finished stream, in the client's API shape.
+
+    Args:
+        api: the client's API (``chat``, ``messages`` or ``responses``).
+        events: every event the client was sent, in order (for chat including the usage
+            chunk, whether or not the client asked for it).
+
+    Returns:
+        chat: a ``chat.completion`` (every choice with its message, tool calls,
+        finish_reason and logprobs; ``usage`` when a chunk carried it). messages: the
+        Anthropic ``message``. responses: the ``response`` object of
+        ``response.completed`` (or ``response.incomplete``). None when the stream did not
+        finish, carried an error, or holds something this function does not understand.
+    """
+    try:
+        if api == "chat":
+            return _assemble_chat(events)
+        if api == "messages":
+            return _assemble_messages(events)
+        if api == "responses":
+            return _assemble_responses(events)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+        return None  # a malformed event: not an answer we can vouch for
+    return None
+
+
+def _merge_delta(target: dict[str, Any], delta: Mapping[str, Any]) -> None:
+    """Fold one chat delta into the message so far: strings append, objects merge."""
+    for key, value in delta.items():
+        if key == "tool_calls" and isinstance(value, list):
+            calls: list[dict[str, Any]] = target.setdefault("tool_calls", [])
+            for call in value:
+                position = call["index"]
+                existing = next((c for c in calls if c["index"] == position), None)
+                if existing is None:
+                    calls.append(copy.deepcopy(dict(call)))
+                else:
+                    _merge_delta(existing, call)
+        elif value is None:
+            target.setdefault(key, None)
+        elif isinstance(value, str) and key not in _SET_KEYS and isinstance(target.get(key), str):
+            target[key] += value
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge_delta(target[key], value)
+        elif isinstance(value, list) and isinstance(target.get(key), list):
+            target[key].extend(copy.deepcopy(value))
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def _merge_logprobs(state: dict[str, Any], logprobs: Any) -> None:
+    if not logprobs:
+        return
+    current = state["logprobs"]
+    if current is None:
+        state["logprobs"] = copy.deepcopy(dict(logprobs))
+        return
+    for key in ("content", "refusal"):
+        if logprobs.get(key):
+            current[key] = (current.get(key) or []) + list(logprobs[key])
+
+
+def _assemble_chat(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    head: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    usage: Any = None
+    for event in events:
+        if event.get("object") != "chat.completion.chunk" or "error" in event:
+            return None
+        for name in ("id", "created", "model", "system_fingerprint", "service_tier"):
+            if head.get(name) is None and event.get(name) is not None:
+                head[name] = event[name]
+        if event.get("usage") is not None:
+            usage = event["usage"]
+        for choice in event.get("choices") or ():
+            index = choice.get("index", 0)
+            state = choices.setdefault(
+                index, {"index": index, "message": {}, "finish_reason": None, "logprobs": None}
+            )
+            _merge_delta(state["message"], choice.get("delta") or {})
+            _merge_logprobs(state, choice.get("logprobs"))
+            if choice.get("finish_reason"):
+                state["finish_reason"] = choice["finish_reason"]
+    if not choices or any(c["finish_reason"] is None for c in choices.values()):
+        return None
+    out_choices = []
+    for index in sorted(choices):
+        state = choices[index]
+        message = state["message"]
+        message.setdefault("role", "assistant")
+        message.setdefault("content", None)
+        calls = message.get("tool_calls")
+        if calls:
+            calls.sort(key=lambda c: c["index"])
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+        out_choices.append(state)
+    body: dict[str, Any] = {
+        "id": head.get("id"),
+        "object": "chat.completion",
+        "created": head.get("created"),
+        "model": head.get("model"),
+        "choices": out_choices,
+    }
+    for name in ("system_fingerprint", "service_tier"):
+        if name in head:
+            body[name] = head[name]
+    if usage is not None:
+        body["usage"] = copy.deepcopy(usage)
+    return body
+
+
+def _assemble_messages(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    message: dict[str, Any] | None = None
+    blocks: dict[int, dict[str, Any]] = {}
+    json_parts: dict[int, list[str]] = {}
+    stopped = False
+    for event in events:
+        kind = event.get("type")
+        if kind == "ping":
+            continue
+        if kind == "message_start":
+            message = copy.deepcopy(dict(event["message"]))
+            continue
+        if message is None or stopped:
+            return None  # out of order: nothing may come before message_start or after stop
+        if kind == "content_block_start":
+            blocks[event["index"]] = copy.deepcopy(dict(event["content_block"]))
+        elif kind == "content_block_delta":
+            if not _apply_block_delta(blocks[event["index"]], event["delta"], json_parts,
+                                      event["index"]):
+                return None
+        elif kind == "content_block_stop":
+            index = event["index"]
+            if index in json_parts:
+                text = "".join(json_parts.pop(index))
+                blocks[index]["input"] = orjson.loads(text) if text.strip() else {}
+        elif kind == "message_delta":
+            message.update(copy.deepcopy(dict(event.get("delta") or {})))
+            usage = message.setdefault("usage", {})
+            usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            stopped = True
+        else:
+            return None  # "error", or an event we do not know
+    if message is None or not stopped or json_parts:
+        return None
+    message["content"] = list(message.get("content") or []) + [blocks[i] for i in sorted(blocks)]
+    return message
+
+
+def _apply_block_delta(
+    block: dict[str, Any], delta: Mapping[str, Any], json_parts: dict[int, list[str]], index: int
+) -> bool:
+    """Apply one ``content_block_delta``; False for a delta this module does not know."""
+    kind = delta.get("type")
+    if kind == "text_delta":
+        block["text"] = block.get("text", "") + delta["text"]
+    elif kind == "input_json_delta":
+        json_parts.setdefault(index, []).append(delta["partial_json"])
+    elif kind == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + delta["thinking"]
+    elif kind == "signature_delta":
+        block["signature"] = delta["signature"]
+    elif kind == "citations_delta":
+        block["citations"] = [*(block.get("citations") or []), delta["citation"]]
+    else:
+        return False
+    return True
+
+
+_RESPONSE_DONE = ("response.completed", "response.incomplete")
+
+
+def _assemble_responses(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    final: dict[str, Any] | None = None
+    items: dict[int, Any] = {}
+    for event in events:
+        kind = event.get("type")
+        if kind in ("error", "response.failed"):
+            return None
+        if kind in _RESPONSE_DONE:
+            final = copy.deepcopy(dict(event["response"]))
+        elif kind == "response.output_item.done":
+            items[event["output_index"]] = event["item"]
+    if final is None:
+        return None
+    if not final.get("output") and items:
+        # Some upstreams leave the final output empty; the finished items are the answer.
+        final["output"] = [copy.deepcopy(items[i]) for i in sorted(items)]
+    return final
+
+
+# =========================================================================== replay
+
+
+def replay(api: Api, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The stream events a client of ``api`` expects, for the complete answer ``body``.
+
+    Raises:
+        ValueError: ``api`` has no streamed form (embeddings), or ``body`` is not an
+            answer of that API.
+    """
+    replayers: dict[str, Callable[[Mapping[str, Any]], list[dict[str, Any]]]] = {
+        "chat": _replay_chat,
+        "messages": _replay_messages,
+        "responses": _replay_responses,
+    }
+    if api not in replayers:
+        raise ValueError(f"API {api!r} has no streamed form")
+    try:
+        return replayers[api](body)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a complete {api} answer: {exc!r}") from exc
+
+
+def _replay_chat(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    base: dict[str, Any] = {
+        "id": body["id"],
+        "object": "chat.completion.chunk",
+        "created": body.get("created"),
+        "model": body.get("model"),
+    }
+    for name in ("system_fingerprint", "service_tier"):
+        if name in body:
+            base[name] = body[name]
+
+    def chunk(choice: dict[str, Any]) -> dict[str, Any]:
+        return {**base, "choices": [{"finish_reason": None, "logprobs": None, **choice}]}
+
+    chunks: list[dict[str, Any]] = []
+    for choice in body["choices"]:
+        index = choice.get("index", 0)
+        message = choice.get("message") or {}
+        # The role goes alone first, as upstreams send it: the openai SDK copies a new
+        # choice's first chunk whole and would count logprobs riding on it twice.
+        chunks.append(chunk({"index": index, "delta": {"role": message.get("role") or
+                                                       "assistant"}}))
+        delta = {k: copy.deepcopy(v) for k, v in message.items() if k not in ("role",
+                                                                             "tool_calls")}
+        if delta or choice.get("logprobs") is not None:
+            chunks.append(chunk({"index": index, "delta": delta,
+                                 "logprobs": copy.deepcopy(choice.get("logprobs"))}))
+        for position, call in enumerate(message.get("tool_calls") or ()):
+            tool_call = {"index": position, **copy.deepcopy(call)}
+            chunks.append(chunk({"index": index, "delta": {"tool_calls": [tool_call]}}))
+        chunks.append(chunk({"index": index, "delta": {},
+                             "finish_reason": choice.get("finish_reason") or "stop"}))
+    if body.get("usage") is not None:
+        chunks.append({**base, "choices": [], "usage": copy.deepcopy(body["usage"])})
+    return chunks
+
+
+def _block_events(index: int, block: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``content_block_start`` / deltas for one Anthropic content block (stop excluded)."""
+    kind = block.get("type")
+    start = copy.deepcopy(dict(block))
+    deltas: list[dict[str, Any]] = []
+    if kind == "text":
+        start["text"] = ""
+        if block.get("citations"):
+            start["citations"] = None
+            deltas += [{"type": "citations_delta", "citation": c} for c in block["citations"]]
+        if block.get("text"):
+            deltas.append({"type": "text_delta", "text": block["text"]})
+    elif kind == "thinking":
+        start["thinking"] = ""
+        if block.get("thinking"):
+            deltas.append({"type": "thinking_delta", "thinking": block["thinking"]})
+        if "signature" in block:
+            start["signature"] = ""
+            if block["signature"]:
+                deltas.append({"type": "signature_delta", "signature": block["signature"]})
+    elif kind == "tool_use":
+        start["input"] = {}
+        if block.get("input"):
+            deltas.append(
+                {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+            )
+    # Any other block (redacted thinking, server tool results, ...) starts complete.
+    return [{"type": "content_block_start", "index": index, "content_block": start}] + [
+        {"type": "content_block_delta", "index": index, "delta": copy.deepcopy(d)}
+        for d in deltas
+    ]
+
+
+def _replay_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    usage = dict(body.get("usage") or {})
+    message = {k: copy.deepcopy(v) for k, v in body.items() if k != "content"}
+    message.update(content=[], stop_reason=None, stop_sequence=None,
+                   usage={**usage, "output_tokens": 0})
+    if "stop_details" in body:
+        message["stop_details"] = None
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
+    for index, block in enumerate(body["content"]):
+        events += _block_events(index, block)
+        events.append({"type": "content_block_stop", "index": index})
+    delta = {"stop_reason": body.get("stop_reason"), "stop_sequence": body.get("stop_sequence")}
+    for name in ("stop_details", "container"):
+        if body.get(name) is not None:
+            delta[name] = copy.deepcopy(body[name])
+    events.append({"type": "message_delta", "delta": delta, "usage": usage})
+    events.append({"type": "message_stop"})
+    return events
+
+
+class _Sequenced:
+    """Responses events carry a ``sequence_number`` counting from 0."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, kind: str, **fields: Any) -> None:
+        self.events.append({"type": kind, "sequence_number": len(self.events), **fields})
+
+
+def _replay_message_item(out: _Sequenced, index: int, item: Mapping[str, Any]) -> None:
+    item_id = item["id"]
+    where = {"item_id": item_id, "output_index": index}
+    for position, part in enumerate(item.get("content") or ()):
+        at = {**where, "content_index": position}
+        kind = part.get("type")
+        if kind == "output_text":
+            logprobs = copy.deepcopy(part.get("logprobs") or [])
+            out.add("response.content_part.added", **at, part={**copy.deepcopy(part), "text": ""})
+            if part.get("text"):
+                out.add("response.output_text.delta", **at, delta=part["text"], logprobs=logprobs)
+            out.add("response.output_text.done", **at, text=part.get("text", ""),
+                    logprobs=logprobs)
+        elif kind == "refusal":
+            out.add("response.content_part.added", **at, part={**part, "refusal": ""})
+            out.add("response.refusal.delta", **at, delta=part.get("refusal", ""))
+            out.add("response.refusal.done", **at, refusal=part.get("refusal", ""))
+        else:
+            out.add("response.content_part.added", **at, part=copy.deepcopy(part))
+        out.add("response.content_part.done", **at, part=copy.deepcopy(part))
+
+
+def _replay_responses(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = _Sequenced()
+    pending = {**copy.deepcopy(dict(body)), "status": "in_progress", "output": [],
+               "usage": None, "incomplete_details": None, "error": None}
+    if "completed_at" in body:
+        pending["completed_at"] = None
+    out.add("response.created", response=pending)
+    out.add("response.in_progress", response=copy.deepcopy(pending))
+    for index, item in enumerate(body["output"]):
+        kind = item.get("type")
+        if kind == "message":
+            added = {**copy.deepcopy(item), "status": "in_progress", "content": []}
+        elif kind == "function_call":
+            added = {**copy.deepcopy(item), "status": "in_progress", "arguments": ""}
+        else:
+            added = copy.deepcopy(item)
+        out.add("response.output_item.added", output_index=index, item=added)
+        if kind == "message":
+            _replay_message_item(out, index, item)
+        elif kind == "function_call":
+            where = {"item_id": item["id"], "output_index": index}
+            if item.get("arguments"):
+                out.add("response.function_call_arguments.delta", **where,
+                        delta=item["arguments"])
+            out.add("response.function_call_arguments.done", **where,
+                    arguments=item.get("arguments", ""))
+        out.add("response.output_item.done", output_index=index, item=copy.deepcopy(item))
+    final = "response.incomplete" if body.get("status") == "incomplete" else "response.completed"
+    out.add(final, response=copy.deepcopy(dict(body)))
+    return out.events
