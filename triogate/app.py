@@ -27,6 +27,7 @@ from hypercorn.utils import wrap_app
 
 from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
+from triogate.cache import ResponseCache
 from triogate.batch import (
     BackendUnavailable,
     Journal,
@@ -164,6 +165,10 @@ async def open_gateway(
             identities=identities,
             store=store,
             spend_logs=spend_logs,
+            cache=ResponseCache.from_settings(
+                config.cache, scope=settings.cache.scope,
+                max_entry_bytes=settings.cache.max_entry_bytes,
+            ),
         )
         logger.info(
             "gateway ready",

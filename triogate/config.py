@@ -158,6 +158,19 @@ class GovernanceSettings:
 
 
 @attrs.frozen(kw_only=True)
+class ResponseCacheSettings:
+    """``triogate.cache``: who may share cached answers, and how big one may be.
+
+    ``scope``: ``team`` (the default: a key in a team shares with its team, a key
+    without one only with itself), ``key``, or ``global`` (LiteLLM's behaviour: every
+    caller shares; a hit then tells a caller that someone else asked the same).
+    """
+
+    scope: Literal["team", "key", "global"] = "team"
+    max_entry_bytes: int = attrs.field(default=1_000_000, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
 class TriogateSettings:
     """The ``triogate:`` section: everything LiteLLM's file has no name for."""
 
@@ -165,6 +178,7 @@ class TriogateSettings:
     redis: RedisSettings = attrs.Factory(RedisSettings)
     policies: PolicySettings = attrs.Factory(PolicySettings)
     governance: GovernanceSettings = attrs.Factory(GovernanceSettings)
+    cache: ResponseCacheSettings = attrs.Factory(ResponseCacheSettings)
     tracing: bool = False
     log_prompts: bool = False
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)

@@ -11,7 +11,7 @@ others' reservations are given back by settlement.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -26,6 +26,7 @@ from triogate.routing.router import RoutingFacts
 
 if TYPE_CHECKING:
     from triogate.api.flow import Call
+    from triogate.cache import CachedResponse
     from triogate.batch import BatchScope, Participant
     from triogate.governance.budgets import BudgetOutcome
     from triogate.governance.rate_limits import RateOutcome
@@ -49,7 +50,8 @@ class Admission:
     now_ms: int
     budgets: BudgetOutcome | None = None
     rates: RateOutcome | None = None
-    cached: Any = None
+    cached: CachedResponse | None = None
+    cache_namespace: str | None = None
     waits_before: int = 0
     degraded: bool = False
     extra_headers: dict[str, str] = attrs.Factory(dict)
@@ -62,6 +64,8 @@ class Admission:
             headers["x-triogate-degraded"] = "redis"
         if deployment is not None:
             headers["x-triogate-deployment"] = deployment.id
+        if services.cache is not None:
+            headers.update(services.cache.header(self.cached is not None))
         if services.tracer is not None:
             headers["x-triogate-trace-id"] = call.trace_id
             headers["x-triogate-redis-waits-before"] = str(self.waits_before)
@@ -97,6 +101,30 @@ async def _govern(
     )
 
 
+async def _cache_lookup(
+    services: Services, scope: BatchScope, who: Participant[Identity | Rejected], call: Call,
+) -> tuple[str, CachedResponse | None] | None:
+    """The cache GET, in the same round as the other checks.
+
+    The namespace depends on the caller (unless the scope is global), so this waits for
+    the identity first; with it in memory that costs no extra round.
+    """
+    cache = services.cache
+    if cache is None or not cache.enabled or call.cache.no_cache and call.cache.no_store:
+        return None
+    identity: Identity | None = None
+    if cache.needs_identity:
+        result = await who.wait()
+        if isinstance(result, Rejected):
+            return None
+        identity = result
+    namespace = cache.namespace(identity)
+    if call.cache.no_cache:
+        return namespace, None
+    return namespace, await cache.lookup(scope.batch, call.api, call.group, call.body,
+                                         call.cache, namespace=namespace)
+
+
 async def admit(services: Services, call: Call) -> Admission:
     """Run the pre-call checks; one Redis wait when the identity is in memory.
 
@@ -128,6 +156,8 @@ async def admit(services: Services, call: Call) -> Admission:
         )
         governance = scope.start_participant(_govern, services, scope, who, request,
                                              name="governance")
+        cached = scope.start_participant(_cache_lookup, services, scope, who, call,
+                                         name="cache")
     waits = scope.statistics().rounds
     services.metrics.redis_waits.labels("before").observe(waits)
     try:
@@ -139,6 +169,7 @@ async def admit(services: Services, call: Call) -> Admission:
     state = route.result()
     identity = None if isinstance(identity_or_rejection, Rejected) else identity_or_rejection
     checks = governance.result()
+    lookup = cached.result()
     budget = checks[0].result() if checks else None
     rates = checks[1].result() if checks else None
     decisions = [
@@ -156,6 +187,8 @@ async def admit(services: Services, call: Call) -> Admission:
         now_ms=now_ms,
         budgets=budget,
         rates=rates,
+        cached=lookup[1] if lookup else None,
+        cache_namespace=lookup[0] if lookup else None,
         waits_before=waits,
     )
     for check, decision in zip(("auth", "budgets", "rate_limits", "routing"), decisions,

@@ -82,6 +82,7 @@ async def chat_completions(services: Services, request: Request) -> Response:
         stream=stream,
         include_usage=bool(stream_options.get("include_usage")),
         request=request,
+        cache=validate.cache_control(body, request.headers),
         trace_id=uuid.uuid4().hex,
         end_user=end_user_of(services, request, body),
         tags=validate.tags_of(body),

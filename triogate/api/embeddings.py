@@ -51,6 +51,7 @@ async def create_embeddings(services: Services, request: Request) -> Response:
         group=group,
         stream=False,
         request=request,
+        cache=validate.cache_control(body, request.headers),
         trace_id=uuid.uuid4().hex,
         end_user=end_user_of(services, request, body),
         tags=validate.tags_of(body),

@@ -26,6 +26,8 @@ import trio
 from triogate.api import admission, settlement, sse
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.http import Response, StreamResponse
+from triogate.cache import CacheControl
+from triogate.cache_replay import replay
 from triogate.errors import ProviderError
 from triogate.routing.router import NoDeploymentAvailable
 
@@ -60,7 +62,7 @@ class Call:
         end_user: the end user (``user`` field or header), if any.
         tags: request tags.
         input_tokens, output_tokens: estimates, for reservations before the call.
-        cache: the request's cache controls (None: not cacheable).
+        cache: the request's cache controls (body ``cache`` and headers).
     """
 
     api: Api
@@ -76,7 +78,7 @@ class Call:
     tags: tuple[str, ...] = ()
     input_tokens: int
     output_tokens: int
-    cache: Any = None
+    cache: CacheControl = CacheControl()
 
 
 async def serve(services: Services, call: Call) -> Response:
@@ -87,9 +89,29 @@ async def serve(services: Services, call: Call) -> Response:
         await settlement.settle(services, call, admitted,
                                 outcome=settlement.rejected(error.status))
         raise error
+    if admitted.cached is not None:
+        return await _from_cache(services, call, admitted)
     if call.stream:
         return await _stream(services, call, admitted)
     return await _complete(services, call, admitted)
+
+
+async def _from_cache(services: Services, call: Call, admitted: Admission) -> Response:
+    """Answer from the cache: counts for RPM, costs nothing, gives its reservations back."""
+    cached = admitted.cached
+    await settlement.settle(services, call, admitted, outcome=settlement.cache_hit(cached.usage))
+    headers = admitted.headers(services, call)
+    if not call.stream:
+        return Response.json(cached.body, headers=headers)
+    events = replay(call.api, cached.body)
+
+    async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
+        for event in events:
+            if _forward(call, event):
+                await write(sse.encode(call.api, event))
+        await write(sse.end(call.api))
+
+    return StreamResponse(produce, headers=headers)
 
 
 async def _complete(services: Services, call: Call, admitted: Admission) -> Response:

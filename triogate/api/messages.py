@@ -69,6 +69,7 @@ async def create_message(services: Services, request: Request) -> Response:
         group=group,
         stream=stream,
         request=request,
+        cache=validate.cache_control(body, request.headers),
         trace_id=uuid.uuid4().hex,
         end_user=end_user or request.headers.get(
             services.config.settings.governance.end_user_header),

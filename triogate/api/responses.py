@@ -40,6 +40,7 @@ async def create_response(services: Services, request: Request) -> Response:
         group=group,
         stream=stream,
         request=request,
+        cache=validate.cache_control(body, request.headers),
         trace_id=uuid.uuid4().hex,
         end_user=end_user_of(services, request, body),
         tags=validate.tags_of(body),

@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from triogate.batch import open_post_call_batch
+from triogate.cache_replay import assemble
 from triogate.governance import budgets, rate_limits
 from triogate.store.records import SpendLogRow
 from triogate.providers.base import Usage
@@ -78,10 +79,15 @@ def succeeded(route: RouteResult[Any], usage: Usage, *, body: dict[str, Any] | N
                    body=body, events=events)
 
 
+def cache_hit(usage: Usage) -> Outcome:
+    """Answered from the cache (``usage`` is what the answer cost when it was made)."""
+    return Outcome(admitted=True, status="cache_hit", http_status=200, usage=usage)
+
+
 def cost_nanousd(outcome: Outcome) -> int:
     """What the request costs: the answering deployment's price times the usage."""
     deployment = outcome.deployment
-    if deployment is None or not outcome.admitted:
+    if deployment is None or not outcome.admitted or outcome.status == "cache_hit":
         return 0
     return deployment.price.cost_nanousd(outcome.usage.input_tokens, outcome.usage.output_tokens)
 
@@ -94,7 +100,9 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
     async with open_post_call_batch(
         services.settler, trace_id=call.trace_id, deadline_s=settings.post_call_deadline_s
     ) as post:
-        tokens = outcome.usage.input_tokens + outcome.usage.output_tokens
+        # A cache hit counts for RPM but uses no tokens: its TPM reservation goes back.
+        tokens = 0 if outcome.status == "cache_hit" else (
+            outcome.usage.input_tokens + outcome.usage.output_tokens)
         if admitted.budgets is not None:
             budgets.settle(post, admitted.budgets, admitted.request,
                            actual_nanousd=cost_nanousd(outcome), now_ms=now_ms)
@@ -105,6 +113,14 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
             services.router.record(
                 post, admitted.routing, outcome.route, admitted.facts,
                 usage_tokens=tokens,
+                now_ms=now_ms,
+            )
+        cache = services.cache
+        if cache is not None and outcome.status == "success" and admitted.cached is None:
+            cache.store(
+                post, call.api, call.group, call.body,
+                outcome.body or (assemble(call.api, outcome.events) if outcome.events else None),
+                outcome.usage, call.cache, namespace=admitted.cache_namespace or "global",
                 now_ms=now_ms,
             )
     deployment = outcome.deployment

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from triogate.api.errors import ApiError
+from triogate.cache import CacheControl, parse_cache_control
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -66,3 +67,11 @@ def tags_of(body: Mapping[str, Any]) -> tuple[str, ...]:
         raise ApiError(400, "field 'metadata.tags' must be a list of strings",
                        param="metadata.tags")
     return tuple(dict.fromkeys(tags))
+
+
+def cache_control(body: Mapping[str, Any], headers: Mapping[str, str]) -> CacheControl:
+    """The request's cache controls (body ``cache`` and headers); 400 when malformed."""
+    try:
+        return parse_cache_control(body, headers)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="cache") from None
