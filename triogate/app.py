@@ -11,6 +11,7 @@ close clients and stop the embedded server.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import time
@@ -173,7 +174,7 @@ async def open_gateway(
         logger.info(
             "gateway ready",
             extra={"redis": redact_url(url), "deployments": len(config.deployments),
-                   "state_dir": str(state_dir)},
+                   "state_dir": str(state_dir), "pid": os.getpid()},
         )
         try:
             yield services

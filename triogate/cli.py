@@ -59,10 +59,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+#: The example config's master key: fine on loopback, refused anywhere else.
+EXAMPLE_MASTER_KEY = "sk-triogate-dev"
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
 def _serve(args: argparse.Namespace) -> int:
     config = load(args.config)
     if config.master_key is None:
         logger.warning("no master_key configured: every request is accepted without a key")
+    if args.host not in _LOOPBACK and config.master_key in (None, EXAMPLE_MASTER_KEY):
+        raise ConfigError(
+            f"refusing to listen on {args.host} with "
+            + ("no master key" if config.master_key is None else "the example master key")
+            + ": set general_settings.master_key or TRIOGATE_MASTER_KEY"
+        )
     if args.workers > 1 and args.listen_fd is None:
         return _supervise(args, config)
     from triogate.app import serve  # noqa: PLC0415

@@ -1,0 +1,35 @@
+"""The command line: bad configuration is a clear message and exit status 2."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from triogate.cli import main
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def test_a_missing_config_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    assert main(["serve", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read config" in capsys.readouterr().err
+
+
+def test_an_invalid_config_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("router_settings:\n  routing_strategy: fastest\n")
+    assert main(["serve", "--config", str(path)]) == 2
+    assert "$.router_settings.routing_strategy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3"])
+def test_the_example_master_key_is_refused_on_a_public_address(
+    host: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRIOGATE_MASTER_KEY", raising=False)
+    assert main(["serve", "--host", host, "--port", "0"]) == 2
+    assert "example master key" in capsys.readouterr().err
