@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from triogate.api import chat, embeddings, health, messages, responses
+from triogate.api import admin, chat, embeddings, health, messages, responses
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -48,4 +48,6 @@ def table() -> dict[tuple[str, str], Route]:
         routes[("POST", f"{prefix}/embeddings")] = _model(embeddings.create_embeddings,
                                                          "embeddings")
         routes[("GET", f"{prefix}/models")] = Route(health.models, name="models", kind="model")
+    for (method, path), handler in admin.routes().items():
+        routes[(method, path)] = Route(handler, "openai", path, "admin")
     return routes

@@ -1,0 +1,133 @@
+"""What every admin handler does around its query: auth, SQL errors, propagation, spend.
+
+* :func:`begin` checks the master key and reads the body (size-limited).
+* :func:`sql` maps the store's failures: a conflict is a 409, anything else a 503 whose
+  message names no table, statement or secret (the details go to the log).
+* :func:`announce` tells every gateway process about a change (identity generation
+  bump, Redis rows dropped, pub/sub), so it takes effect everywhere within a second.
+  When Redis is down the SQL change still stands: the response is a 200 with
+  ``x-triogate-degraded: redis`` (memory entries elsewhere expire on their own).
+* :func:`budget_states` reads the current period's spend of several principals in one
+  batch scope: one Redis round trip however many there are.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from triogate.api import auth
+from triogate.api.admin_fields import FieldContext
+from triogate.api.errors import ApiError
+from triogate.batch import BackendUnavailable, BatchError, open_batch_scope
+from triogate.errors import StoreError
+from triogate.governance.budgets import budget_state
+from triogate.store import StoreConflict
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from triogate.api.http import Request
+    from triogate.api.services import Services
+    from triogate.governance.budgets import BudgetState
+    from triogate.governance.principals import Principal
+    from triogate.store import Store
+
+logger = logging.getLogger("triogate.api.admin")
+
+DEGRADED = {"x-triogate-degraded": "redis"}
+
+
+def store_of(services: Services) -> Store:
+    """The SQL store; 503 when the gateway runs without one."""
+    if services.store is None:
+        raise ApiError(503, "the admin API needs the SQL store, which is not configured",
+                       "service_unavailable")
+    return services.store
+
+
+async def begin(services: Services, request: Request) -> dict[str, Any]:
+    """Master key, then the JSON body (size-limited). A checkpoint."""
+    auth.require_master(services, request)
+    return await request.json(services.config.settings.max_body_bytes)
+
+
+def context(services: Services) -> FieldContext:
+    """Model groups and the clock, for field converters."""
+    return FieldContext(groups=frozenset(services.config.groups), now_ms=services.clock_ms())
+
+
+@contextmanager
+def sql(what: str) -> Iterator[None]:
+    """Map store failures around one admin operation (``what``: "create team 'x'").
+
+    Raises:
+        ApiError: 409 if the id already exists; 503 if the database failed.
+    """
+    try:
+        yield
+    except StoreConflict:
+        raise ApiError(409, f"cannot {what}: it already exists", "invalid_request_error",
+                       code="conflict") from None
+    except StoreError as exc:
+        logger.error("admin: %s failed: %s", what, exc)
+        raise ApiError(503, f"cannot {what}: the database is unavailable; try again shortly",
+                       "service_unavailable") from None
+
+
+def not_found(kind: str, ident: str, param: str) -> ApiError:
+    """404 for a missing entity (ids are shown; keys only as their hash's prefix)."""
+    return ApiError(404, f"{kind} '{ident}' not found", "not_found_error", param=param)
+
+
+async def announce(services: Services, *changes: tuple[str, str]) -> dict[str, str]:
+    """Propagate ``changes`` ((kind, id) pairs) to every process; the response headers.
+
+    A checkpoint. Never fails the request: the SQL change already stands.
+    """
+    if services.identities is None or not changes:
+        return {}
+    try:
+        await services.identities.announce(*changes)
+    except BackendUnavailable as exc:
+        logger.warning("admin change saved but not announced (Redis unavailable: %s); other "
+                       "processes see it when their cached copy expires", exc.reason)
+        return dict(DEGRADED)
+    except StoreError as exc:
+        # The change is saved; finding a team's or user's keys to drop failed.
+        logger.warning("admin change saved but not fully announced (%s)", exc)
+        return dict(DEGRADED)
+    return {}
+
+
+async def budget_states(
+    services: Services, principals: list[Principal]
+) -> tuple[list[BudgetState | None], dict[str, str]]:
+    """Each principal's spend this period (None where Redis did not answer), and headers.
+
+    One batch scope: all the HMGETs leave in one pipeline. A checkpoint.
+    """
+    if not principals:
+        return [], {}
+    now_ms = services.clock_ms()
+    backend = services.checks.backend
+    async with open_batch_scope(services.backends) as scope:
+        parts = [
+            scope.start_participant(
+                partial(budget_state, scope.batch, p, now_ms=now_ms, backend=backend),
+                name=f"budget:{p.kind}",
+            )
+            for p in principals
+        ]
+    states: list[BudgetState | None] = []
+    degraded = False
+    for part in parts:
+        try:
+            states.append(part.result())
+        except (BatchError, ValueError, TypeError) as exc:
+            logger.warning("admin: budget state unreadable: %s", exc)
+            states.append(None)
+            degraded = True
+    return states, dict(DEGRADED) if degraded else {}

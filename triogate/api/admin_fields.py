@@ -1,0 +1,406 @@
+"""Admin request bodies in, admin response bodies out: LiteLLM's field names, exact money.
+
+Pure and synchronous (no I/O), so every rule here is unit-tested without a gateway.
+
+**In.** Each entity has a table of the body fields it accepts, keyed by LiteLLM's name,
+each with a converter to the store's record fields (``max_budget`` in USD becomes
+``max_budget_nanousd``; ``duration`` becomes ``expires_at_ms``). A field outside the
+table is a 400 naming it: a typo fails loudly instead of being ignored. A wrong type
+or value is a 400 naming the field. ``null`` clears a field on update (a budget, a
+limit, an alias) or resets it to its default (``models``, ``metadata``, ``tags``,
+``blocked``).
+
+**Money** arrives in USD, as a number or a numeric string, and is converted exactly:
+``Decimal(str(x))`` scaled to integer nano-USD (rounded half-up below a nano-dollar), so
+``0.1`` is 100,000,000 nano-USD, never 99,999,999.
+
+**Out.** Rows become LiteLLM-shaped dicts: ``token`` is the key's SHA-256, ``key_name``
+(and ``key_hint``) its ``"sk-...abcd"`` hint, ``max_budget`` is USD (a float, with the
+exact ``max_budget_nanousd`` next to it), times are ISO 8601 UTC strings with the
+epoch-ms value alongside. The raw key is never part of a rendered row.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+
+from triogate.api.errors import ApiError
+from triogate.store.records import hash_key, parse_duration
+
+if TYPE_CHECKING:
+    from triogate.governance.budgets import BudgetState
+
+NANOUSD_PER_USD = 1_000_000_000
+#: Largest integer a BIGINT column holds: money (nano-USD) and limits stay below it.
+MAX_BIGINT = 2**63 - 1
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: Model-list entries that mean "every model group" (``Principal.allows_model``).
+_ANY_MODEL = "*"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class FieldContext:
+    """What converters need besides the value.
+
+    Attributes:
+        groups: the model groups the gateway serves (``models`` must name them).
+        now_ms: the wall clock, for ``duration`` → ``expires_at_ms``.
+    """
+
+    groups: frozenset[str]
+    now_ms: int
+
+
+Converter = Callable[[str, Any, FieldContext], dict[str, Any]]
+_NO_CONTEXT = FieldContext(groups=frozenset(), now_ms=0)
+
+
+def bad(name: str, message: str) -> ApiError:
+    """A 400 about field ``name``."""
+    return ApiError(400, f"field '{name}' {message}", "invalid_request_error", param=name)
+
+
+# --------------------------------------------------------------------------- converters
+
+
+def text(column: str) -> Converter:
+    """A string (or null) stored as ``column``."""
+
+    def convert(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+        if value is not None and not isinstance(value, str):
+            raise bad(name, "must be a string")
+        return {column: value}
+
+    return convert
+
+
+def usd_to_nanousd(name: str, value: Any) -> int:
+    """USD (number or numeric string) → integer nano-USD, exactly (half-up below 1 nano).
+
+    Raises:
+        ApiError: not a finite, non-negative number.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise bad(name, "must be a number of USD (e.g. 10 or \"0.5\")")
+    try:
+        amount = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise bad(name, f"must be a number of USD, not {value!r}") from None
+    if not amount.is_finite():
+        raise bad(name, "must be a finite number of USD")
+    if amount < 0:
+        raise bad(name, "must not be negative")
+    nanousd = int((amount * NANOUSD_PER_USD).to_integral_value(rounding=ROUND_HALF_UP))
+    if nanousd > MAX_BIGINT:
+        raise bad(name, f"must be at most {MAX_BIGINT // NANOUSD_PER_USD} USD")
+    return nanousd
+
+
+def _max_budget(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    return {"max_budget_nanousd": None if value is None else usd_to_nanousd(name, value)}
+
+
+def _budget_duration(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is not None:
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise bad(name, f"is invalid: {exc}") from None
+    return {"budget_duration": value}
+
+
+def count(column: str) -> Converter:
+    """A non-negative integer (or null) stored as ``column``."""
+
+    def convert(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BIGINT
+        ):
+            raise bad(name, "must be a non-negative integer (below 2**63)")
+        return {column: value}
+
+    return convert
+
+
+def _check_groups(name: str, groups: list[str], ctx: FieldContext) -> None:
+    unknown = sorted({g for g in groups if g not in ctx.groups and g != _ANY_MODEL})
+    if unknown:
+        raise bad(name, f"names unknown model group(s) {', '.join(map(repr, unknown))}; "
+                        f"this gateway serves {', '.join(sorted(ctx.groups)) or 'none'}")
+
+
+def _models(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is None:
+        return {"models": ()}
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise bad(name, "must be a list of model group names")
+    _check_groups(name, value, ctx)
+    return {"models": tuple(dict.fromkeys(value))}
+
+
+def model_limits(column: str) -> Converter:
+    """``{model group: non-negative int}`` (or null = none) stored as ``column``."""
+
+    def convert(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+        if value is None:
+            return {column: {}}
+        if not isinstance(value, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_BIGINT
+            for v in value.values()
+        ):
+            raise bad(name, "must be an object mapping model groups to non-negative integers")
+        _check_groups(name, list(value), ctx)
+        return {column: dict(value)}
+
+    return convert
+
+
+def _metadata(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is not None and not isinstance(value, dict):
+        raise bad(name, "must be an object")
+    return {"metadata": dict(value or {})}
+
+
+def _tags(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is None:
+        return {"tags": ()}
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise bad(name, "must be a list of non-empty strings")
+    return {"tags": tuple(dict.fromkeys(value))}
+
+
+def _blocked(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is not None and not isinstance(value, bool):
+        raise bad(name, "must be a boolean")
+    return {"blocked": bool(value)}
+
+
+def _duration(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    """Key lifetime from now (``"30d"``); null = never expires."""
+    if value is None:
+        return {"expires_at_ms": None}
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise bad(name, f"is invalid: {exc}") from None
+    return {"expires_at_ms": ctx.now_ms + seconds * 1000}
+
+
+def parse_time_ms(name: str, value: Any) -> int:
+    """An ISO 8601 date/datetime (naive = UTC) or epoch milliseconds → epoch ms."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    if not isinstance(value, str):
+        raise bad(name, "must be an ISO 8601 date or datetime, or epoch milliseconds")
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise bad(name, f"is not an ISO 8601 date or datetime: {value!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return math.floor(moment.timestamp() * 1000)
+
+
+def _expires(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    return {"expires_at_ms": None if value is None else parse_time_ms(name, value)}
+
+
+_LIMITS: dict[str, Converter] = {
+    "max_budget": _max_budget,
+    "budget_duration": _budget_duration,
+    "tpm_limit": count("tpm_limit"),
+    "rpm_limit": count("rpm_limit"),
+}
+_PRINCIPAL: dict[str, Converter] = {
+    **_LIMITS,
+    "max_parallel_requests": count("max_parallel_requests"),
+    "metadata": _metadata,
+    "blocked": _blocked,
+}
+
+#: Body fields per entity (ids and request-only fields are handled by the handlers).
+KEY_FIELDS: Mapping[str, Converter] = {
+    **_PRINCIPAL,
+    "key_alias": text("key_alias"),
+    "team_id": text("team_id"),
+    "user_id": text("user_id"),
+    "models": _models,
+    "model_rpm_limit": model_limits("model_rpm_limit"),
+    "model_tpm_limit": model_limits("model_tpm_limit"),
+    "tags": _tags,
+    "duration": _duration,
+    "expires": _expires,
+}
+TEAM_FIELDS: Mapping[str, Converter] = {
+    **_PRINCIPAL, "team_alias": text("team_alias"), "models": _models,
+}
+USER_FIELDS: Mapping[str, Converter] = {
+    **_PRINCIPAL,
+    "user_email": text("user_email"),
+    "user_alias": text("user_alias"),
+    "models": _models,
+}
+END_USER_FIELDS: Mapping[str, Converter] = {**_PRINCIPAL, "alias": text("alias")}
+TAG_FIELDS: Mapping[str, Converter] = {**_LIMITS, "description": text("description")}
+
+
+def parse_fields(
+    body: Mapping[str, Any],
+    fields: Mapping[str, Converter],
+    ctx: FieldContext,
+    *,
+    extra: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """The store fields for ``body``.
+
+    Args:
+        body: the JSON body.
+        fields: the entity's table (e.g. :data:`KEY_FIELDS`).
+        ctx: groups and clock.
+        extra: body fields the handler reads itself (ids, ``auto_create_key``): allowed
+            here, not converted.
+
+    Raises:
+        ApiError: 400 for an unknown field, a wrong type or value, or ``duration`` and
+            ``expires`` together.
+    """
+    for name in body:
+        if name not in fields and name not in extra:
+            accepted = ", ".join(sorted({*fields, *extra}))
+            raise ApiError(400, f"unknown field '{name}' (accepted: {accepted})",
+                           "invalid_request_error", param=name)
+    if "duration" in body and "expires" in body:
+        raise bad("expires", "cannot be given together with 'duration'")
+    out: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in fields:
+            out.update(fields[name](name, value, ctx))
+    return out
+
+
+def only(body: Mapping[str, Any], *allowed: str) -> None:
+    """400 for a field of ``body`` outside ``allowed`` (bodies without settable fields)."""
+    parse_fields(body, {}, _NO_CONTEXT, extra=frozenset(allowed))
+
+
+def required_str(body: Mapping[str, Any], name: str) -> str:
+    """``body[name]``, which must be a non-empty string."""
+    value = body.get(name)
+    if value is None:
+        raise ApiError(400, f"missing required field '{name}'", param=name)
+    if not isinstance(value, str) or not value:
+        raise bad(name, "must be a non-empty string")
+    return value
+
+
+def str_list(body: Mapping[str, Any], name: str) -> list[str]:
+    """``body[name]``, which must be a non-empty list of non-empty strings."""
+    value = body.get(name)
+    if value is None:
+        raise ApiError(400, f"missing required field '{name}'", param=name)
+    if not isinstance(value, list) or not value or not all(
+        isinstance(v, str) and v for v in value
+    ):
+        raise bad(name, "must be a non-empty list of non-empty strings")
+    return value
+
+
+def key_candidates(value: str) -> list[str]:
+    """The hashes a key reference may mean: a 64-hex string may already be the hash."""
+    hashed = hash_key(value)
+    return [value, hashed] if _HEX64.match(value) else [hashed]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def usd(nanousd: int | None) -> float | None:
+    """Nano-USD as a USD float (display only; the exact value is rendered next to it)."""
+    return None if nanousd is None else float(Decimal(nanousd).scaleb(-9))
+
+
+def iso(epoch_ms: int | None) -> str | None:
+    """Epoch ms as ``2025-01-31T12:00:00.000Z``."""
+    if epoch_ms is None:
+        return None
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+#: Record fields never rendered: internal period bookkeeping.
+_HIDDEN = frozenset({"budget_duration_s", "budget_anchor_s"})
+
+
+def render_row(row: Any) -> dict[str, Any]:
+    """A store record (key, team, user, end user, tag) as a LiteLLM-shaped dict."""
+    out: dict[str, Any] = {}
+    for name, value in attrs.asdict(row, recurse=False).items():
+        if name in _HIDDEN:
+            continue
+        if name == "token_hash":
+            out["token"] = value
+        elif name == "key_hint":
+            out["key_name"] = out["key_hint"] = value
+        elif name == "tag":
+            out["name"] = value
+        elif name == "max_budget_nanousd":
+            out["max_budget"] = usd(value)
+            out["max_budget_nanousd"] = value
+        elif name == "expires_at_ms":
+            out["expires"] = iso(value)
+            out["expires_at_ms"] = value
+        elif name in ("created_at_ms", "updated_at_ms"):
+            out[name.removesuffix("_ms")] = iso(value)
+            out[name] = value
+        elif isinstance(value, tuple):
+            out[name] = list(value)
+        elif isinstance(value, Mapping):
+            out[name] = dict(value)
+        else:
+            out[name] = value
+    return out
+
+
+def render_budget(state: BudgetState | None) -> dict[str, Any]:
+    """This period's spend as info endpoints show it (nulls when Redis did not answer)."""
+    if state is None:
+        return {"spend": None, "spend_nanousd": None, "reserved_nanousd": None,
+                "budget_reset_at": None}
+    return {
+        "spend": usd(state.spend_nanousd),
+        "spend_nanousd": state.spend_nanousd,
+        "reserved_nanousd": state.reserved_nanousd,
+        "budget_reset_at": iso(state.period_end_ms),
+    }
+
+
+def paging(query: Mapping[str, str], *, default_size: int = 100, max_size: int = 1000
+           ) -> tuple[int, int]:
+    """``page`` (from 1) and ``size`` (or LiteLLM's ``page_size``) from a query string."""
+    values = []
+    for name, default, upper in (("page", 1, None), ("size", default_size, max_size)):
+        raw = query.get(name, query.get("page_size") if name == "size" else None)
+        if raw is None or raw == "":
+            values.append(default)
+            continue
+        if not raw.isdigit() or int(raw) < 1 or (upper is not None and int(raw) > upper):
+            limit = f"1..{upper}" if upper else ">= 1"
+            raise ApiError(400, f"query parameter '{name}' must be an integer in {limit}",
+                           param=name)
+        values.append(int(raw))
+    return values[0], values[1]
+
+
+def page_count(total: int, size: int) -> int:
+    """Pages needed for ``total`` items (at least 1, as LiteLLM reports it)."""
+    return max(1, -(-total // size))

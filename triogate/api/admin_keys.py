@@ -1,0 +1,192 @@
+"""``/key/*``: generate, update, block, delete, info and list virtual keys (LiteLLM's API).
+
+A key is stored and shown by its SHA-256 (``token``); the raw key appears in exactly one
+response, the one that created it. Requests may name a key by its raw value or by its
+hash. Every change is announced (``admin_common.announce``), so a blocked or deleted key
+is refused by every gateway process within a second.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from triogate.api import auth
+from triogate.api.admin_common import (
+    announce,
+    begin,
+    budget_states,
+    context,
+    not_found,
+    sql,
+    store_of,
+)
+from triogate.api.admin_fields import (
+    KEY_FIELDS,
+    bad,
+    key_candidates,
+    only,
+    page_count,
+    paging,
+    parse_fields,
+    render_budget,
+    render_row,
+    required_str,
+    str_list,
+)
+from triogate.api.errors import ApiError
+from triogate.api.http import Response
+from triogate.store.principals import key_principal
+
+if TYPE_CHECKING:
+    from triogate.api.http import Request
+    from triogate.api.services import Services
+    from triogate.store import KeyRow, Store
+
+#: A key chosen by the admin must look like one (LiteLLM's rule), so that it can never
+#: be mistaken for a key's hash.
+CUSTOM_KEY_PREFIX = "sk-"
+
+
+async def require_team(store: Store, team_id: str | None) -> None:
+    """400 unless ``team_id`` (when given) names an existing team. A checkpoint."""
+    if team_id is None:
+        return
+    with sql(f"look up team '{team_id}'"):
+        found = await store.get_teams([team_id])
+    if team_id not in found:
+        raise ApiError(400, f"team '{team_id}' does not exist; create it with /team/new first",
+                       "invalid_request_error", param="team_id", code="team_not_found")
+
+
+async def find_key(store: Store, ref: str) -> KeyRow | None:
+    """The key a raw key or hash names, or None. A checkpoint."""
+    with sql("look up key"):
+        found = await store.get_keys(key_candidates(ref))
+    return next(iter(found.values()), None)
+
+
+def _custom_key(body: dict[str, Any]) -> str | None:
+    raw = body.get("key")
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.startswith(CUSTOM_KEY_PREFIX) or len(raw) < 8:
+        raise bad("key", f"must be a string starting with '{CUSTOM_KEY_PREFIX}' "
+                         "(at least 8 characters)")
+    return raw
+
+
+async def generate(services: Services, request: Request) -> Response:
+    """POST /key/generate: a new key; the raw key is in this response and nowhere else."""
+    body = await begin(services, request)
+    fields = parse_fields(body, KEY_FIELDS, context(services), extra=frozenset({"key"}))
+    raw_key = _custom_key(body)
+    store = store_of(services)
+    await require_team(store, fields.get("team_id"))
+    with sql("create key"):
+        raw, row = await store.create_key(raw_key=raw_key, **fields)
+    # A chosen key may have been tried before, and be remembered as unknown.
+    headers = await announce(services, ("key", row.token_hash)) if raw_key else {}
+    return Response.json({**render_row(row), "key": raw}, headers=headers)
+
+
+async def _update(services: Services, ref: str, fields: dict[str, Any]) -> Response:
+    store = store_of(services)
+    row = await find_key(store, ref)
+    if row is None:
+        raise not_found("key", "(given)", "key")
+    with sql("update key"):
+        updated = await store.update_key(row.token_hash, **fields)
+    if updated is None:  # deleted meanwhile
+        raise not_found("key", "(given)", "key")
+    headers = await announce(services, ("key", updated.token_hash))
+    return Response.json(render_row(updated), headers=headers)
+
+
+async def update(services: Services, request: Request) -> Response:
+    """POST /key/update: ``key`` (raw or hash) plus the fields to change."""
+    body = await begin(services, request)
+    ref = required_str(body, "key")
+    fields = parse_fields(body, KEY_FIELDS, context(services), extra=frozenset({"key"}))
+    await require_team(store_of(services), fields.get("team_id"))
+    return await _update(services, ref, fields)
+
+
+async def block(services: Services, request: Request) -> Response:
+    """POST /key/block: ``{"key": ...}``; refused everywhere within a second."""
+    return await _set_blocked(services, request, blocked=True)
+
+
+async def unblock(services: Services, request: Request) -> Response:
+    """POST /key/unblock: ``{"key": ...}``."""
+    return await _set_blocked(services, request, blocked=False)
+
+
+async def _set_blocked(services: Services, request: Request, *, blocked: bool) -> Response:
+    body = await begin(services, request)
+    only(body, "key")
+    return await _update(services, required_str(body, "key"), {"blocked": blocked})
+
+
+async def delete(services: Services, request: Request) -> Response:
+    """POST /key/delete: ``{"keys": [raw keys or hashes]}``; all exist, or nothing happens."""
+    body = await begin(services, request)
+    only(body, "keys")
+    refs = str_list(body, "keys")
+    store = store_of(services)
+    with sql("look up keys"):
+        found = await store.get_keys([c for ref in refs for c in key_candidates(ref)])
+    hashes: list[str] = []
+    missing: list[int] = []
+    for i, ref in enumerate(refs):
+        match = next((c for c in key_candidates(ref) if c in found), None)
+        if match is None:
+            missing.append(i)
+        else:
+            hashes.append(match)
+    if missing:
+        # Never echo what was sent: it may be a raw key.
+        raise ApiError(404, f"key(s) not found: keys[{'], keys['.join(map(str, missing))}]; "
+                       "nothing was deleted", "not_found_error", param="keys")
+    hashes = list(dict.fromkeys(hashes))
+    with sql("delete keys"):
+        await store.delete_keys(hashes)
+    headers = await announce(services, *(("key", h) for h in hashes))
+    return Response.json({"deleted_keys": hashes}, headers=headers)
+
+
+async def info(services: Services, request: Request) -> Response:
+    """GET /key/info?key=: the key (by hash), its limits and this period's spend."""
+    auth.require_master(services, request)
+    ref = request.query.get("key")
+    if not ref:
+        raise ApiError(400, "missing query parameter 'key' (a key or its hash)", param="key")
+    row = await find_key(store_of(services), ref)
+    if row is None:
+        raise not_found("key", "(given)", "key")
+    states, headers = await budget_states(services, [key_principal(row)])
+    return Response.json(
+        {"key": row.token_hash, "info": {**render_row(row), **render_budget(states[0])}},
+        headers=headers,
+    )
+
+
+async def list_keys(services: Services, request: Request) -> Response:
+    """GET /key/list?team_id=&user_id=&page=&size=&return_full_object=.
+
+    As in LiteLLM, ``keys`` holds the hashes unless ``return_full_object=true``.
+    """
+    auth.require_master(services, request)
+    page, size = paging(request.query)
+    full = request.query.get("return_full_object", "").lower() in ("1", "true", "yes")
+    with sql("list keys"):
+        rows, total = await store_of(services).list_keys(
+            team_id=request.query.get("team_id") or None,
+            user_id=request.query.get("user_id") or None,
+            page=page, size=size,
+        )
+    return Response.json({
+        "keys": [render_row(r) if full else r.token_hash for r in rows],
+        "total_count": total,
+        "current_page": page,
+        "total_pages": page_count(total, size),
+    })
