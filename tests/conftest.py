@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 @pytest.fixture
 def autojump_clock() -> MockClock:
     """A MockClock that jumps whenever every task is blocked: for pure unit tests only."""
-    from trio.testing import MockClock  # noqa: PLC0415
+    from trio.testing import MockClock
 
     return MockClock(autojump_threshold=0)
 

@@ -28,7 +28,6 @@ from hypercorn.utils import wrap_app
 
 from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
-from triogate.cache import ResponseCache
 from triogate.batch import (
     BackendUnavailable,
     Journal,
@@ -38,15 +37,16 @@ from triogate.batch import (
     Settler,
     redact_url,
 )
+from triogate.cache import ResponseCache
 from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
 from triogate.governance.local import LocalGovernance
-from triogate.store import open_store
-from triogate.store.spendlog import SpendLogWriter
 from triogate.metrics import Metrics
 from triogate.providers import build_providers
 from triogate.redis_server import open_embedded_server
 from triogate.routing.router import Router
+from triogate.store import open_store
+from triogate.store.spendlog import SpendLogWriter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -247,7 +247,8 @@ async def serve(
         if handle_signals:
             await outer.start(_signals, shutdown, outer.cancel_scope)
         async with open_gateway(config, clock_ms=clock_ms) as services:
-            asgi = wrap_app(GatewayASGI(services), hconfig.wsgi_max_body_size, "asgi")
+            app: Any = GatewayASGI(services)  # a raw ASGI 3 callable (hypercorn's types are narrow)
+            asgi = wrap_app(app, hconfig.wsgi_max_body_size, "asgi")
             async with trio.open_nursery() as server:
                 binds = await server.start(
                     partial(worker_serve, asgi, hconfig, sockets=sockets,

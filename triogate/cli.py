@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def load(path: Path | None) -> GatewayConfig:
     """Load the config with this process's environment (the one place it is read)."""
-    from triogate.config import load_config  # noqa: PLC0415
+    from triogate.config import load_config
 
     return load_config(path, environ=os.environ)
 
@@ -80,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if args.workers > 1 and args.listen_fd is None:
         return _supervise(args, config)
-    from triogate.app import serve  # noqa: PLC0415
+    from triogate.app import serve
 
     trio.run(partial(serve, config, host=args.host, port=args.port, listen_fd=args.listen_fd))
     return 0
@@ -93,7 +93,7 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     default it also runs the Redis-compatible server every worker talks to. SIGINT and
     SIGTERM are forwarded; the supervisor exits when every worker has drained.
     """
-    from triogate.redis_server import SyncServer  # noqa: PLC0415
+    from triogate.redis_server import SyncServer
 
     env = dict(os.environ)
     server = None

@@ -43,8 +43,8 @@ STRATEGIES = (
 )
 FailurePolicy = Literal["fail-open", "fail-closed"]
 
-_positive = attrs.validators.gt(0)
-_non_negative = attrs.validators.ge(0)
+_positive: Any = attrs.validators.gt(0)
+_non_negative: Any = attrs.validators.ge(0)
 
 
 def _optional(validator: Any) -> Any:
@@ -71,7 +71,9 @@ class LitellmParams:
     # triogate's mock provider only (``model: mock/<name>``):
     mock_response: str | None = None
     mock_latency_ms: float = attrs.field(default=0.0, validator=_non_negative)
-    mock_first_token_ms: float | None = attrs.field(default=None, validator=_optional(_non_negative))
+    mock_first_token_ms: float | None = attrs.field(
+        default=None, validator=_optional(_non_negative)
+    )
     mock_output_tokens: int | None = attrs.field(default=None, validator=_optional(_positive))
     mock_failure_rate: float = attrs.field(
         default=0.0, validator=[_non_negative, attrs.validators.le(1)]
@@ -304,12 +306,12 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 def _price(value: Any, _: Any) -> float | str | None:
     """Prices stay as written (float or string, e.g. ``1e-6`` which YAML 1.1 reads as a
     string); ``_decimal`` turns them into exact decimals and names the field on error."""
-    if value is None or isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        return value  # type: ignore[no-any-return]
+    if value is None or (isinstance(value, (int, float, str)) and not isinstance(value, bool)):
+        return value
     raise ValueError(f"expected a number, got {value!r}")
 
 
-_converter.register_structure_hook(float | str | None, _price)  # type: ignore[arg-type]
+_converter.register_structure_hook(float | str | None, _price)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -405,7 +407,9 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float) -> Deployme
         stream_timeout_s=params.stream_timeout or timeout_s,
         weight=params.weight,
         price=Price(
-            input_usd_per_token=_decimal(params.input_cost_per_token, f"{path}.input_cost_per_token"),
+            input_usd_per_token=_decimal(
+                params.input_cost_per_token, f"{path}.input_cost_per_token"
+            ),
             output_usd_per_token=_decimal(
                 params.output_cost_per_token, f"{path}.output_cost_per_token"
             ),

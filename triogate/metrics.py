@@ -70,7 +70,7 @@ class Metrics:
             registry=self.registry,
         )
         if read_gauges is not None:
-            self.registry.register(_Gauges(read_gauges))  # type: ignore[arg-type]
+            self.registry.register(_Gauges(read_gauges))
 
     def render(self) -> bytes:
         """The text exposition format."""

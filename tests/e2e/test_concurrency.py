@@ -19,7 +19,6 @@ import trio
 from tests.e2e.conftest import gateway_config, running_gateway
 from triogate.batch import open_batch_scope
 from triogate.governance.budgets import budget_state
-from triogate.store import hash_key
 from triogate.store.principals import key_principal
 
 if TYPE_CHECKING:

@@ -373,7 +373,7 @@ async def test_settlements_journaled_while_down_replay_exactly_once(
             assert settler.statistics().journal_pending == 3
             stale = journal.pending
             faulty.down = False
-            while settler.statistics().journal_pending:  # noqa: ASYNC110 (no event to wait on)
+            while settler.statistics().journal_pending:
                 await trio.sleep(0.02)
         expected = [{"spend": 90, "reserved": 0}, {str(NOW_MS // 1000): 60}]
         state = [await hash_ints(redis, budget_keys("key", KEY_ID, 0).counters),
@@ -387,7 +387,7 @@ async def test_settlements_journaled_while_down_replay_exactly_once(
         ghost.close()
         again = Settler({"counters": redis}, journal=Journal(tmp_path / "journal"))
         async with running(again):
-            while again.statistics().replayed < 3:  # noqa: ASYNC110 (no event to wait on)
+            while again.statistics().replayed < 3:
                 await trio.sleep(0.02)
         assert [await hash_ints(redis, budget_keys("key", KEY_ID, 0).counters),
                 await hash_ints(redis, rate_window_key("key", KEY_ID, "tpm"))] == expected

@@ -39,7 +39,7 @@ async def stored_ids(store: Store) -> list[str]:
 
 async def wait_until(predicate: Callable[[], bool], *, poll_s: float = 0.01) -> None:
     """Poll the writer's statistics (it has no event for "n failures so far")."""
-    while not predicate():  # noqa: ASYNC110
+    while not predicate():
         await trio.sleep(poll_s)
 
 

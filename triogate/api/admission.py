@@ -20,19 +20,19 @@ from triogate.api.errors import ApiError
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
 from triogate.governance import budgets, rate_limits
-from triogate.governance.decisions import Allowed, Rejected, first_rejected
+from triogate.governance.decisions import Allowed, Decision, Rejected, first_rejected
 from triogate.governance.facts import RequestFacts
 from triogate.routing.router import RoutingFacts
 
 if TYPE_CHECKING:
     from triogate.api.flow import Call
-    from triogate.cache import CachedResponse
-    from triogate.batch import BatchScope, Participant
-    from triogate.governance.budgets import BudgetOutcome
-    from triogate.governance.rate_limits import RateOutcome
     from triogate.api.services import Services
+    from triogate.batch import BatchScope, Participant
+    from triogate.cache import CachedResponse
     from triogate.config import Deployment
+    from triogate.governance.budgets import BudgetOutcome
     from triogate.governance.principals import Identity
+    from triogate.governance.rate_limits import RateOutcome
     from triogate.routing.router import RoutingState
 
 logger = logging.getLogger("triogate.api.admission")
@@ -110,7 +110,7 @@ async def _cache_lookup(
     the identity first; with it in memory that costs no extra round.
     """
     cache = services.cache
-    if cache is None or not cache.enabled or call.cache.no_cache and call.cache.no_store:
+    if cache is None or not cache.enabled or (call.cache.no_cache and call.cache.no_store):
         return None
     identity: Identity | None = None
     if cache.needs_identity:
@@ -172,8 +172,8 @@ async def admit(services: Services, call: Call) -> Admission:
     lookup = cached.result()
     budget = checks[0].result() if checks else None
     rates = checks[1].result() if checks else None
-    decisions = [
-        identity_or_rejection if identity is None else None,
+    decisions: list[Decision | None] = [
+        identity_or_rejection if isinstance(identity_or_rejection, Rejected) else None,
         budget.decision if budget else None,
         rates.decision if rates else None,
         services.router.decide(state),

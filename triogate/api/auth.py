@@ -74,7 +74,7 @@ async def authenticate_only(services: Services, request: Request) -> Identity | 
     Raises:
         ApiError: 401 when the key is missing or unknown.
     """
-    from triogate.batch import open_batch_scope  # noqa: PLC0415
+    from triogate.batch import open_batch_scope
 
     async with open_batch_scope(services.backends) as scope:
         who = scope.start_participant(resolve, services, scope.batch, request, None, None,

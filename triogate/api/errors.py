@@ -145,5 +145,5 @@ def _upstream_message(body: str) -> str | None:
     if isinstance(parsed, dict):
         error = parsed.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"][:1000]
+            return str(error["message"])[:1000]
     return None

@@ -78,7 +78,7 @@ class Call:
     tags: tuple[str, ...] = ()
     input_tokens: int
     output_tokens: int
-    cache: CacheControl = CacheControl()
+    cache: CacheControl = attrs.field(factory=CacheControl)
 
 
 async def serve(services: Services, call: Call) -> Response:
@@ -99,6 +99,7 @@ async def serve(services: Services, call: Call) -> Response:
 async def _from_cache(services: Services, call: Call, admitted: Admission) -> Response:
     """Answer from the cache: counts for RPM, costs nothing, gives its reservations back."""
     cached = admitted.cached
+    assert cached is not None
     await settlement.settle(services, call, admitted, outcome=settlement.cache_hit(cached.usage))
     headers = admitted.headers(services, call)
     if not call.stream:

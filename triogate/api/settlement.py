@@ -18,8 +18,8 @@ import trio
 from triogate.batch import open_post_call_batch
 from triogate.cache_replay import assemble
 from triogate.governance import budgets, rate_limits
-from triogate.store.records import SpendLogRow
 from triogate.providers.base import Usage
+from triogate.store.records import SpendLogRow
 
 if TYPE_CHECKING:
     from triogate.api.admission import Admission

@@ -20,11 +20,8 @@ def field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *,
         return None
     value = body[name]
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        ok = False
-    else:
-        ok = isinstance(value, kinds)
-    if not ok:
+    # bool is an int subclass: True is not a valid max_tokens.
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         expected = what or " or ".join(k.__name__ for k in kinds)
         raise ApiError(400, f"field '{name}' must be {expected}", param=name)
     return value
@@ -46,7 +43,7 @@ def positive_int(body: Mapping[str, Any], name: str) -> int | None:
     value = field(body, name, int, what="an integer")
     if value is not None and value <= 0:
         raise ApiError(400, f"field '{name}' must be > 0", param=name)
-    return value
+    return None if value is None else int(value)
 
 
 def number_between(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:
@@ -54,7 +51,7 @@ def number_between(body: Mapping[str, Any], name: str, low: float, high: float) 
     value = field(body, name, (int, float), what="a number")
     if value is not None and not low <= value <= high:
         raise ApiError(400, f"field '{name}' must be between {low} and {high}", param=name)
-    return value
+    return None if value is None else float(value)
 
 
 def tags_of(body: Mapping[str, Any]) -> tuple[str, ...]:

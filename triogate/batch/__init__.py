@@ -45,14 +45,14 @@ from ._tracer import AFTER as AFTER
 from ._tracer import BEFORE as BEFORE
 from ._tracer import FlushRecord as FlushRecord
 from ._tracer import MemoryTracer as MemoryTracer
-from ._tracer import TraceSummary as TraceSummary
 from ._tracer import Tracer as Tracer
+from ._tracer import TraceSummary as TraceSummary
 
 __all__ = (
     "AFTER",
     "BEFORE",
-    "BackendStatistics",
     "Backend",
+    "BackendStatistics",
     "BackendUnavailable",
     "Batch",
     "BatchClosed",

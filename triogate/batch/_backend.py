@@ -84,7 +84,7 @@ class RedisAddress:
                 unix_path=parts.path,
                 username=username,
                 password=password,
-                db=int(query.get("db", 0)),
+                db=int(query.get("db", "0")),
             )
         if parts.scheme not in ("redis", "rediss"):
             raise ValueError(
@@ -97,7 +97,7 @@ class RedisAddress:
             tls=parts.scheme == "rediss",
             username=username,
             password=password,
-            db=int(path or query.get("db", 0)),
+            db=int(path or query.get("db", "0")),
         )
 
 

@@ -20,7 +20,7 @@ from ._errors import BackendUnavailable, CommandError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from ._backend import Backend
+    from ._backend import Backend, Wire
     from ._command import Command
 
 logger = logging.getLogger("triogate.batch")
@@ -86,7 +86,7 @@ async def _send_pipeline(
 
 async def _execute(
     backend: Backend,
-    wires: list[tuple[object, ...]],
+    wires: list[Wire],
     indices: list[int],
     sent: Callable[[PipelineSent], None] | None,
     retry: bool,
@@ -94,7 +94,7 @@ async def _execute(
     started = trio.current_time()
     ok = True
     try:
-        replies = await backend.execute(wires)  # type: ignore[arg-type]
+        replies = await backend.execute(wires)
         if len(replies) != len(wires):
             raise BackendUnavailable(backend.name, "reply count does not match the pipeline")
     except BackendUnavailable as exc:

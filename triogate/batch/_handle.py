@@ -77,7 +77,7 @@ class Handle(Generic[T]):
         return self._value  # type: ignore[return-value]
 
     def __await__(self) -> Generator[Any, None, T]:
-        return self._source._wait_handle(self).__await__()  # type: ignore[no-any-return]
+        return self._source._wait_handle(self).__await__()
 
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"

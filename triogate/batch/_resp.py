@@ -65,7 +65,7 @@ class _Connection:
                 data = await self.stream.receive_some(_RECEIVE_BYTES)
                 if not data:
                     raise trio.BrokenResourceError("server closed the connection")
-                reader.feed(data)
+                reader.feed(bytes(data))
                 continue
             replies.append(reply)
         return replies
@@ -126,7 +126,7 @@ class RespBackend:
         if not commands:
             await trio.lowlevel.checkpoint()
             return []
-        packed = b"".join([hiredis.pack_command(c) for c in commands])
+        packed = b"".join([hiredis.pack_command(c) for c in commands])  # type: ignore[arg-type]
         self._pipelines += 1
         self._commands += len(commands)
         with trio.move_on_after(self._timeout_s) as timeout:
@@ -162,7 +162,8 @@ class RespBackend:
             setup = _setup_commands(self._address)
             if setup:
                 for reply in await conn.roundtrip(
-                    b"".join(hiredis.pack_command(c) for c in setup), len(setup)
+                    b"".join(hiredis.pack_command(c) for c in setup),  # type: ignore[arg-type]
+                    len(setup),
                 ):
                     if isinstance(reply, CommandError):
                         raise BackendUnavailable(self._name, f"connection setup: {reply.reply}")
@@ -182,7 +183,9 @@ class RespBackend:
         try:
             with trio.fail_after(self._timeout_s):
                 conn = await self._connect()
-                await conn.stream.send_all(hiredis.pack_command(("SUBSCRIBE", *channels)))
+                await conn.stream.send_all(
+                    hiredis.pack_command(("SUBSCRIBE", *channels))  # type: ignore[arg-type]
+                )
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
             raise BackendUnavailable(self._name, f"subscribe: {exc!r}") from exc
         try:
@@ -231,7 +234,7 @@ class Subscription:
                     data = await self._conn.stream.receive_some(_RECEIVE_BYTES)
                     if not data:
                         raise trio.BrokenResourceError("server closed the connection")
-                    reader.feed(data)
+                    reader.feed(bytes(data))
                     continue
                 if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
                     return reply[1], reply[2]

@@ -168,6 +168,22 @@ class Participant(Generic[T]):
 class BatchScope:
     """A nursery plus a batch; see the module docstring. Made by :func:`open_batch_scope`."""
 
+    #: Where participants declare their commands.
+    batch: Batch
+    _nursery: trio.Nursery
+    _backends: Mapping[str, Backend]
+    _tracer: Tracer | None
+    _trace_id: str
+    _phase: str
+    _barrier: Barrier
+    _by_task: dict[trio.lowlevel.Task, Participant[Any]]
+    _pending: list[Handle[Any]]
+    _flushing: bool
+    _closed: bool
+    _rounds: int
+    _commands: int
+    _started: int
+
     def __init__(self) -> None:
         raise TypeError("use open_batch_scope")
 
@@ -187,8 +203,8 @@ class BatchScope:
         self._trace_id = trace_id
         self._phase = phase
         self._barrier = Barrier()
-        self._by_task: dict[trio.lowlevel.Task, Participant[Any]] = {}
-        self._pending: list[Handle[Any]] = []
+        self._by_task = {}
+        self._pending = []
         self._flushing = False
         self._closed = False
         self._rounds = 0
@@ -218,7 +234,7 @@ class BatchScope:
         """
         if self._closed:
             raise BatchClosed("the batch scope is closed")
-        label = name or getattr(fn, "__qualname__", repr(fn))
+        label = name or str(getattr(fn, "__qualname__", repr(fn)))
         participant: Participant[T] = Participant._create(label, self)
         self._barrier.started()
         self._started += 1
@@ -239,7 +255,10 @@ class BatchScope:
     # ------------------------------------------------------------------ participants
 
     async def _run_participant(
-        self, participant: Participant[Any], fn: Callable[..., Awaitable[Any]], args: tuple[object, ...]
+        self,
+        participant: Participant[Any],
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[object, ...],
     ) -> None:
         task = trio.lowlevel.current_task()
         self._by_task[task] = participant

@@ -74,6 +74,14 @@ class SettlerStatistics:
 class PostCallBatch:
     """The writes of one request after its model call. Made by :func:`open_post_call_batch`."""
 
+    #: The request (or unit of work) these writes belong to, for traces and the journal.
+    trace_id: str
+    _settler: Settler
+    _handles: list[Handle[Any]]
+    _closed: bool
+    _rounds: int
+    _settled: trio.Event
+
     def __init__(self) -> None:
         raise TypeError("use open_post_call_batch")
 
@@ -82,7 +90,7 @@ class PostCallBatch:
         self = object.__new__(cls)
         self._settler = settler
         self.trace_id = trace_id
-        self._handles: list[Handle[Any]] = []
+        self._handles = []
         self._closed = False
         self._rounds = 0
         self._settled = trio.Event()

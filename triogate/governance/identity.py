@@ -297,13 +297,14 @@ class IdentityResolver:
         if "end_user" in by_kind:
             end_users = await self._store.get_end_users(by_kind["end_user"])
             for ident in by_kind["end_user"]:
-                row = end_users.get(ident)
-                out[("end_user", ident)] = None if row is None else end_user_principal(row)
+                end_row = end_users.get(ident)
+                out[("end_user", ident)] = None if end_row is None else end_user_principal(
+                    end_row)
         if "tag" in by_kind:
             tags = await self._store.get_tags(by_kind["tag"])
             for ident in by_kind["tag"]:
-                row = tags.get(ident)
-                out[("tag", ident)] = None if row is None else tag_principal(row)
+                tag_row = tags.get(ident)
+                out[("tag", ident)] = None if tag_row is None else tag_principal(tag_row)
         return out
 
     def _write_back(self, batch: Batch, loaded: dict[tuple[str, str], Row],

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from triogate.batch import (
@@ -266,7 +267,7 @@ async def test_a_dependency_cycle_is_broken_with_an_error(autojump_clock: MockCl
     box: dict[str, Participant[None]] = {}
 
     async def wait_on(other: str) -> None:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         await box[other].wait()
 
     async with open_batch_scope({"default": RecordingBackend()}) as scope:
