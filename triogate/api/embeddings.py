@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import flow, validate
-from triogate.api.chat import end_user_of, upstream_body
+from triogate.api import calls, flow, validate
 from triogate.api.errors import ApiError
-from triogate.providers.tokens import estimate_input_tokens
 
 if TYPE_CHECKING:
     from triogate.api.http import Request, Response
@@ -32,30 +29,16 @@ def check_input(value: Any) -> None:
 
 async def create_embeddings(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``embeddings``."""
-    body = await request.json(services.config.settings.max_body_bytes)
-    group = validate.model_name(body, services.config.groups)
+    body, group = await calls.read_body(services, request)
     if "input" not in body:
         raise ApiError(400, "missing required field 'input'", param="input")
     check_input(body["input"])
     validate.positive_int(body, "dimensions")
-    deployments = services.config.groups[group]
-    if not any(d.mode == "embedding" for d in deployments):
-        raise ApiError(400, f"model '{group}' is not an embedding model", param="model")
+    calls.check_mode(services, group, embedding=True)
     if body.get("stream"):
         raise ApiError(400, "embeddings cannot be streamed", param="stream")
-    call = flow.Call(
-        api="embeddings",
-        route="embeddings",
-        style="openai",
-        body=upstream_body(body, any(d.provider == "mock" for d in deployments)),
-        group=group,
-        stream=False,
-        request=request,
-        cache=validate.cache_control(body, request.headers),
-        trace_id=uuid.uuid4().hex,
-        end_user=end_user_of(services, request, body),
-        tags=validate.tags_of(body),
-        input_tokens=estimate_input_tokens("embeddings", body),
-        output_tokens=0,
+    call = calls.make_call(
+        services, request, body, api="embeddings", style="openai", group=group,
+        output_tokens=0, end_user=validate.field(body, "user", str, what="a string"),
     )
     return await flow.serve(services, call)

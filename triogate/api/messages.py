@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import flow, validate
-from triogate.api.chat import output_estimate
+from triogate.api import calls, flow, validate
 from triogate.api.errors import ApiError
-from triogate.providers.tokens import estimate_input_tokens
 
 if TYPE_CHECKING:
     from triogate.api.http import Request, Response
@@ -35,46 +32,29 @@ def check_messages(body: dict[str, Any]) -> None:
         raise ApiError(400, "system: must be a string or a list of text blocks", param="system")
 
 
-def upstream_body(body: dict[str, Any], mock: bool) -> dict[str, Any]:
-    """Without gateway-only fields; ``metadata`` keeps only Anthropic's ``user_id``."""
-    out = {k: v for k, v in body.items() if k not in ("cache", "metadata", "mock_response")}
-    if mock and "mock_response" in body:
-        out["mock_response"] = body["mock_response"]
+def upstream_body(body: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """``metadata`` keeps only Anthropic's own ``user_id`` (the gateway reads the rest)."""
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        out["metadata"] = {"user_id": metadata["user_id"]}
-    return out
+        return {**sent, "metadata": {"user_id": metadata["user_id"]}}
+    return sent
 
 
 async def create_message(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``messages``."""
-    body = await request.json(services.config.settings.max_body_bytes)
-    group = validate.model_name(body, services.config.groups)
+    body, group = await calls.read_body(services, request)
     if validate.positive_int(body, "max_tokens") is None:
         raise ApiError(400, "max_tokens: field required", param="max_tokens")
     check_messages(body)
-    stream = bool(validate.field(body, "stream", bool, what="a boolean"))
     validate.number_between(body, "temperature", 0, 1)
     validate.number_between(body, "top_p", 0, 1)
     metadata = validate.field(body, "metadata", dict, what="an object") or {}
     end_user = metadata.get("user_id") if isinstance(metadata.get("user_id"), str) else None
-    deployments = services.config.groups[group]
-    if all(d.mode == "embedding" for d in deployments):
-        raise ApiError(400, f"model '{group}' is an embedding model", param="model")
-    call = flow.Call(
-        api="messages",
-        route="messages",
-        style="anthropic",
-        body=upstream_body(body, any(d.provider == "mock" for d in deployments)),
-        group=group,
-        stream=stream,
-        request=request,
-        cache=validate.cache_control(body, request.headers),
-        trace_id=uuid.uuid4().hex,
-        end_user=end_user or request.headers.get(
-            services.config.settings.governance.end_user_header),
-        tags=validate.tags_of(body),
-        input_tokens=estimate_input_tokens("messages", body),
-        output_tokens=output_estimate(services, body, "max_tokens"),
+    calls.check_mode(services, group, embedding=False)
+    call = calls.make_call(
+        services, request, body, api="messages", style="anthropic", group=group,
+        output_tokens=calls.output_estimate(services, body, "max_tokens"),
+        end_user=end_user,
+        upstream=upstream_body(body, calls.upstream_body(services, group, body)),
     )
     return await flow.serve(services, call)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
+from ._errors import BackendUnavailable
+
 if TYPE_CHECKING:
     from collections.abc import Generator
 
@@ -52,6 +54,26 @@ class Handle(Generic[T]):
         self._error = None
         self._waiters = []
         return self
+
+    def _set(self, reply: object) -> list[trio.lowlevel.Task]:
+        """Resolve with ``reply`` (an exception instance fails it); return the waiters to wake.
+
+        A shared pipeline error becomes this owner's own instance. Resolving twice is a
+        no-op (a cancelled flush fails only what it had not delivered).
+        """
+        if self._done:
+            return []
+        self._done = True
+        if isinstance(reply, BackendUnavailable):
+            fresh = BackendUnavailable(reply.backend, reply.reason)
+            fresh.__cause__ = reply.__cause__
+            self._error = fresh
+        elif isinstance(reply, BaseException):
+            self._error = reply
+        else:
+            self._value = reply
+        waiters, self._waiters = self._waiters, []
+        return waiters
 
     @property
     def command(self) -> Command:

@@ -45,15 +45,6 @@ T = TypeVar("T")
 _trace_ids = itertools.count(1)
 
 
-def own_error(error: BaseException) -> BaseException:
-    """A fresh instance of a shared pipeline error, so each owner raises its own."""
-    if isinstance(error, BackendUnavailable):
-        fresh = BackendUnavailable(error.backend, error.reason)
-        fresh.__cause__ = error.__cause__
-        return fresh
-    return error
-
-
 def make_command(
     target: str | Script,
     keys: Iterable[Arg],
@@ -331,15 +322,7 @@ class BatchScope:
         trio.lowlevel.reschedule(task, result)
 
     def _resolve(self, handle: Handle[Any], reply: object) -> None:
-        if handle._done:
-            return
-        handle._done = True
-        if isinstance(reply, BaseException):
-            handle._error = own_error(reply)
-        else:
-            handle._value = reply
-        waiters, handle._waiters = handle._waiters, []
-        for waiter in waiters:
+        for waiter in handle._set(reply):
             self._wake(waiter, outcome.Value(None))
 
     # ------------------------------------------------------------------ flushing

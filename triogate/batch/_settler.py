@@ -26,7 +26,7 @@ from ._errors import BackendUnavailable, BatchClosed, CommandError
 from ._flush import send_round
 from ._handle import Handle
 from ._journal import JournalEntry
-from ._scope import make_command, own_error
+from ._scope import make_command
 from ._tracer import AFTER, FlushRecord
 
 if TYPE_CHECKING:
@@ -286,7 +286,7 @@ class Settler:
                     "post-call %s of %s failed: %s", commands[i].label, commands[i].owner,
                     reply.reply,
                 )
-            _resolve(handle, reply)
+            handle._set(reply)
 
         def sent(pipeline: PipelineSent) -> None:
             self._pipelines += 1
@@ -298,7 +298,7 @@ class Settler:
         finally:
             undelivered = [i for i, h in enumerate(handles) if not h._done]
             for i in undelivered:
-                _resolve(handles[i], BackendUnavailable("*", "settler cancelled"))
+                handles[i]._set(BackendUnavailable("*", "settler cancelled"))
             failed.extend(undelivered)
             if failed:
                 with trio.CancelScope(shield=True):
@@ -338,7 +338,7 @@ class Settler:
         handles = [h for b in batches for h in b._handles]
         owners = [b for b in batches for _ in b._handles]
         for handle in handles:
-            _resolve(handle, BackendUnavailable("*", "settler stopped"))
+            handle._set(BackendUnavailable("*", "settler stopped"))
         await self._journal_failed(
             list(range(len(handles))), owners, [h._command for h in handles]
         )
@@ -379,13 +379,3 @@ class Settler:
             self._replayed += len(done)
             await self._journal.forget(done)
             logger.info("replayed %d journal entries", len(done))
-
-
-def _resolve(handle: Handle[Any], reply: object) -> None:
-    if handle._done:
-        return
-    handle._done = True
-    if isinstance(reply, BaseException):
-        handle._error = own_error(reply)
-    else:
-        handle._value = reply

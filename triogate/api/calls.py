@@ -1,0 +1,94 @@
+"""What the four model endpoints share: reading the body, building a :class:`Call`.
+
+Each endpoint checks its own API's shape; everything else (the model group, its mode,
+the cache controls, tags, the end user, the estimates, the body sent upstream, the
+request's unique id) is decided here the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from triogate.api import validate
+from triogate.api.errors import ApiError
+from triogate.api.flow import Call
+from triogate.providers.tokens import estimate_input_tokens
+
+if TYPE_CHECKING:
+    from triogate.api.errors import Style
+    from triogate.api.http import Request
+    from triogate.api.services import Services
+    from triogate.providers.base import Api
+
+#: Fields the gateway reads and does not pass upstream (``mock_response`` stays for mock
+#: deployments, whose provider honours it).
+GATEWAY_FIELDS = ("cache", "metadata", "mock_response")
+
+
+async def read_body(services: Services, request: Request) -> tuple[dict[str, Any], str]:
+    """The JSON body and its model group (which must exist)."""
+    body = await request.json(services.config.settings.max_body_bytes)
+    return body, validate.model_name(body, services.config.groups)
+
+
+def check_mode(services: Services, group: str, *, embedding: bool) -> None:
+    """400 when the group serves the other kind of model."""
+    modes = {d.mode for d in services.config.groups[group]}
+    if embedding and "embedding" not in modes:
+        raise ApiError(400, f"model '{group}' is not an embedding model", param="model")
+    if not embedding and modes == {"embedding"}:
+        raise ApiError(400, f"model '{group}' is an embedding model", param="model")
+
+
+def output_estimate(services: Services, body: dict[str, Any], *names: str) -> int:
+    """Output tokens to reserve: max_tokens (or the default), capped, times ``n``."""
+    settings = services.config.settings.governance
+    requested = None
+    for name in names:
+        requested = validate.positive_int(body, name) or requested
+    n = validate.positive_int(body, "n") or 1
+    per_choice = min(requested or settings.default_max_output_tokens,
+                     settings.max_reserved_output_tokens)
+    return per_choice * n
+
+
+def upstream_body(services: Services, group: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The body without gateway-only fields."""
+    mock = any(d.provider == "mock" for d in services.config.groups[group])
+    drop = [f for f in GATEWAY_FIELDS if not (mock and f == "mock_response")]
+    return {k: v for k, v in body.items() if k not in drop}
+
+
+def make_call(
+    services: Services,
+    request: Request,
+    body: dict[str, Any],
+    *,
+    api: Api,
+    style: Style,
+    group: str,
+    output_tokens: int,
+    end_user: str | None,
+    upstream: dict[str, Any] | None = None,
+    include_usage: bool = False,
+) -> Call:
+    """The :class:`Call` for a validated body (``upstream`` overrides the body sent on)."""
+    stream = bool(validate.field(body, "stream", bool, what="a boolean"))
+    return Call(
+        api=api,
+        route=api,
+        style=style,
+        body=upstream if upstream is not None else upstream_body(services, group, body),
+        group=group,
+        stream=stream,
+        include_usage=include_usage,
+        request=request,
+        cache=validate.cache_control(body, request.headers),
+        trace_id=uuid.uuid4().hex,
+        end_user=end_user or request.headers.get(
+            services.config.settings.governance.end_user_header),
+        tags=validate.tags_of(body),
+        input_tokens=estimate_input_tokens(api, body),
+        output_tokens=output_tokens,
+    )
