@@ -30,7 +30,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
-            "request_id": request_id_var.get(),
+            "request_id": getattr(record, "request_id", None) or request_id_var.get(),
         }
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
@@ -41,7 +41,21 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "info") -> None:
-    """Send every ``triogate`` and ``hypercorn`` log line to stderr as JSON."""
+    """Send every ``triogate`` and ``hypercorn`` log line to stderr as JSON.
+
+    Records take the request id when they are *made* (a record factory), so a handler
+    that formats later, in another task, still names the right request.
+    """
+    make_record = logging.getLogRecordFactory()
+
+    def with_request_id(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        record.request_id = request_id_var.get()
+        return record
+
+    if not getattr(make_record, "_triogate", False):
+        with_request_id._triogate = True  # type: ignore[attr-defined]
+        logging.setLogRecordFactory(with_request_id)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

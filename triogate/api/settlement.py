@@ -131,21 +131,23 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         call.route, call.group, deployment.id if deployment else "-",
         outcome.http_status or 0, duration_s,
     )
-    logger.info(
-        "request",
-        extra={
-            "trace_id": call.trace_id,
-            "route": call.route,
-            "model_group": call.group,
-            "deployment": deployment.id if deployment else None,
-            "status": outcome.status,
-            "latency_ms": round(duration_s * 1000, 1),
-            "input_tokens": outcome.usage.input_tokens,
-            "output_tokens": outcome.usage.output_tokens,
-            "cost_nanousd": cost_nanousd(outcome),
-            "stream": call.stream,
-        },
-    )
+    line: dict[str, object] = {
+        "request_id": call.request.request_id,
+        "trace_id": call.trace_id,
+        "route": call.route,
+        "model_group": call.group,
+        "deployment": deployment.id if deployment else None,
+        "status": outcome.status,
+        "latency_ms": round(duration_s * 1000, 1),
+        "input_tokens": outcome.usage.input_tokens,
+        "output_tokens": outcome.usage.output_tokens,
+        "cost_nanousd": cost_nanousd(outcome),
+        "stream": call.stream,
+    }
+    if settings.log_prompts:  # off by default: prompts and answers are the users' data
+        line["request_body"] = call.body
+        line["response_body"] = outcome.body
+    logger.info("request", extra=line)
 
 
 def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int) -> SpendLogRow:

@@ -1,0 +1,52 @@
+"""Log lines: JSON with the request id; no key and no prompt unless asked for."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import httpx
+import orjson
+import pytest
+import trio
+
+from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
+from triogate._log import JsonFormatter
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from triogate.batch import RespBackend
+    from triogate.fakeupstream import FakeUpstream
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+SECRET_PROMPT = "my-very-private-prompt-42"
+
+
+@pytest.mark.parametrize("log_prompts", [False, True])
+async def test_request_lines_carry_the_request_id_and_no_secrets(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture, log_prompts: bool,
+) -> None:
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                            triogate={"log_prompts": log_prompts})
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(30):
+        async with running_gateway(config) as gateway:
+            key, _ = await gateway.services.store.create_key()  # type: ignore[union-attr]
+            async with httpx.AsyncClient() as http:
+                response = await http.post(
+                    f"{gateway.openai_base}/chat/completions",
+                    headers={"authorization": f"Bearer {key}", "x-request-id": "trace-me"},
+                    json={"model": "gpt-test",
+                          "messages": [{"role": "user", "content": SECRET_PROMPT}]})
+            assert response.status_code == 200
+    lines = [JsonFormatter().format(r) for r in caplog.records]
+    text = "\n".join(lines)
+    assert key not in text and MASTER_KEY not in text
+    request_lines = [orjson.loads(line) for line in lines if '"message":"request"' in line]
+    assert len(request_lines) == 1
+    assert request_lines[0]["request_id"] == "trace-me"
+    assert request_lines[0]["status"] == "success"
+    assert (SECRET_PROMPT in text) is log_prompts
