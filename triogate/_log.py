@@ -40,22 +40,27 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
-def configure_logging(level: str = "info") -> None:
-    """Send every ``triogate`` and ``hypercorn`` log line to stderr as JSON.
+def remember_request_ids() -> None:
+    """Make every record take the request id when it is *made* (idempotent).
 
-    Records take the request id when they are *made* (a record factory), so a handler
-    that formats later, in another task, still names the right request.
+    A handler that formats later, in another task, then still names the right request.
     """
     make_record = logging.getLogRecordFactory()
+    if getattr(make_record, "_triogate", False):
+        return
 
     def with_request_id(*args: object, **kwargs: object) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
         record.request_id = request_id_var.get()
         return record
 
-    if not getattr(make_record, "_triogate", False):
-        with_request_id._triogate = True  # type: ignore[attr-defined]
-        logging.setLogRecordFactory(with_request_id)
+    with_request_id._triogate = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(with_request_id)
+
+
+def configure_logging(level: str = "info") -> None:
+    """Send every ``triogate`` and ``hypercorn`` log line to stderr as JSON."""
+    remember_request_ids()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
-from triogate._log import JsonFormatter
+from triogate._log import JsonFormatter, remember_request_ids
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,6 +32,7 @@ async def test_request_lines_carry_the_request_id_and_no_secrets(
     config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
                             triogate={"log_prompts": log_prompts})
     caplog.set_level(logging.INFO)
+    remember_request_ids()  # as `triogate serve` does
     with trio.fail_after(30):
         async with running_gateway(config) as gateway:
             key, _ = await gateway.services.store.create_key()  # type: ignore[union-attr]

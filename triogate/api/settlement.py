@@ -132,7 +132,6 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         outcome.http_status or 0, duration_s,
     )
     line: dict[str, object] = {
-        "request_id": call.request.request_id,
         "trace_id": call.trace_id,
         "route": call.route,
         "model_group": call.group,
