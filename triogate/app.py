@@ -30,6 +30,7 @@ from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
 from triogate.batch import (
     BackendUnavailable,
+    ClusterBackend,
     Journal,
     MemoryTracer,
     RespBackend,
@@ -60,10 +61,11 @@ logger = logging.getLogger("triogate")
 BACKEND_NAMES = ("counters", "cache", "identity")
 
 
-async def load_scripts(backend: RespBackend) -> int:
-    """``SCRIPT LOAD`` every script in ``triogate/lua`` (one pipeline), so that even the
-    first request after start-up costs one wait; a NOSCRIPT later (Redis restarted) still
-    falls back to EVAL for its owner. Returns how many were loaded (0 if Redis is down).
+async def load_scripts(backend: RespBackend | ClusterBackend) -> int:
+    """``SCRIPT LOAD`` every script in ``triogate/lua`` (one pipeline; on a cluster, every
+    primary), so that even the first request after start-up costs one wait; a NOSCRIPT
+    later (Redis restarted) still falls back to EVAL for its owner. Returns how many were
+    loaded (0 if Redis is down).
     """
     names = sorted(p.name for p in resources.files("triogate.lua").iterdir()
                    if p.name.endswith(".lua"))
@@ -97,12 +99,13 @@ async def open_gateway(
         url = settings.redis.url
         if url is None:
             url = await stack.enter_async_context(open_embedded_server(state_dir / "redis"))
-        backend = RespBackend(
-            url,
-            name="redis",
-            pool_size=settings.redis.pool_size,
-            command_timeout_s=settings.redis.timeout_s,
-        )
+        backend: RespBackend | ClusterBackend
+        if ClusterBackend.is_cluster_url(url):
+            backend = ClusterBackend(url, name="redis", pool_size=settings.redis.pool_size,
+                                     command_timeout_s=settings.redis.timeout_s)
+        else:
+            backend = RespBackend(url, name="redis", pool_size=settings.redis.pool_size,
+                                  command_timeout_s=settings.redis.timeout_s)
         stack.push_async_callback(backend.aclose)
         await load_scripts(backend)
         backends = dict.fromkeys(BACKEND_NAMES, backend)

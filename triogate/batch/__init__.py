@@ -9,8 +9,9 @@ the gateway). The pieces:
 * :func:`open_post_call_batch` and :class:`Settler`: writes after the model call, sent
   with group commit, journaled when Redis is down, drained on shutdown.
 * :class:`Script`: Lua as a file plus its SHA; EVALSHA with a per-owner EVAL fallback.
-* Backends: :class:`RespBackend` (own pipelined RESP2 client) and the
-  :class:`Backend` protocol.
+* Backends: :class:`RespBackend` (own pipelined RESP2 client), :class:`ClusterBackend`
+  (Redis Cluster: one pipeline per node, the nodes concurrently, so a round is still
+  one wait) and the :class:`Backend` protocol.
 * :class:`MemoryTracer` and :class:`FlushRecord`: every flush, for counting waits.
 
 Errors: :class:`BatchError` ├ :class:`BackendUnavailable` ├ :class:`CommandError`
@@ -20,6 +21,8 @@ Errors: :class:`BatchError` ├ :class:`BackendUnavailable` ├ :class:`CommandE
 from ._backend import Backend as Backend
 from ._backend import RedisAddress as RedisAddress
 from ._backend import redact_url as redact_url
+from ._cluster import ClusterBackend as ClusterBackend
+from ._cluster import ClusterStatistics as ClusterStatistics
 from ._command import Command as Command
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import BatchClosed as BatchClosed
@@ -59,6 +62,8 @@ __all__ = (
     "BatchError",
     "BatchScope",
     "BatchStatistics",
+    "ClusterBackend",
+    "ClusterStatistics",
     "Command",
     "CommandError",
     "FlushRecord",
