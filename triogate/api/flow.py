@@ -88,6 +88,7 @@ async def serve(services: Services, call: Call) -> Response:
         error = from_rejection(admitted.rejection)
         await settlement.settle(services, call, admitted,
                                 outcome=settlement.rejected(error.status))
+        error.headers = {**admitted.headers(services, call), **error.headers}
         raise error
     if admitted.cached is not None:
         return await _from_cache(services, call, admitted)

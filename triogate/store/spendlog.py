@@ -157,6 +157,7 @@ class SpendLogWriter:
 
         Asks the writer to flush now rather than at the end of its interval. While the
         database is down this waits for it: bound it with the shutdown grace period.
+        Returns early if the writer stops (cancelled: it spilled what was left).
         """
         target = self._submitted
         if self._written >= target:
@@ -164,7 +165,7 @@ class SpendLogWriter:
             return
         self._drain_target = max(self._drain_target, target)
         self._wake.set()
-        while self._written < target:
+        while self._written < target and self._running:
             await self._progress.wait()
 
     def statistics(self) -> SpendLogStatistics:
@@ -225,6 +226,7 @@ class SpendLogWriter:
             with trio.CancelScope(shield=True):
                 await self._spill(folder)
             self._running = False
+            self._progress.set()  # wake drainers: nothing more will be written here
 
     async def _wait_wake(self) -> None:
         await self._wake.wait()
