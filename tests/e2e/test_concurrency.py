@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import gateway_config, running_gateway
+from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
 from triogate.batch import open_batch_scope
 from triogate.governance.budgets import budget_state
 from triogate.store.principals import key_principal
@@ -84,6 +84,10 @@ async def test_a_budget_for_50_admits_at_most_50_of_200_and_sums_exactly(
             assert len(ok) == 50  # estimates are exact here: the budget is used to the end
             assert {r.json()["error"]["type"] for r in refused} == {"budget_exceeded"}
             logs, _ = await store.query_spend_logs(key_hash=row.token_hash, size=1000)
+            async with httpx.AsyncClient() as http:
+                reported = (await http.get(
+                    f"{gateway.url}/spend/logs", params={"key_hash": row.token_hash},
+                    headers={"authorization": f"Bearer {MASTER_KEY}"})).json()
             charged = sum(r.cost_nanousd for r in logs if r.status == "success")
             assert len([r for r in logs if r.status == "success"]) == len(ok)
             async with open_batch_scope(gateway.services.backends) as scope:
@@ -92,6 +96,8 @@ async def test_a_budget_for_50_admits_at_most_50_of_200_and_sums_exactly(
                     now_ms=gateway.services.clock_ms()))
     assert state.result().spend_nanousd == charged  # exact integers
     assert state.result().reserved_nanousd == 0
+    assert reported["totals"]["spend_nanousd"] == charged  # /spend/logs agrees with Redis
+    assert reported["total_count"] == 200
 
 
 async def test_two_gateways_enforce_one_rpm_and_one_parallel_limit(

@@ -16,6 +16,7 @@ import yaml
 
 from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
 from triogate.fakeupstream import open_fake_upstream
+from triogate.store import open_store
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -88,6 +89,11 @@ async def test_sigterm_lets_in_flight_requests_finish_and_exits_0(
     (key,) = usage[0]
     assert await redis.execute([("HGET", key, "rpm:slow-a")]) == [b"8"]
     assert not list((tmp_path / "state" / "journal").glob("*.jsonl"))
+    # And every request's spend-log row reached SQL: none lost, none spilled.
+    async with open_store(None, state_dir=tmp_path / "state") as store:
+        rows, total = await store.query_spend_logs()
+    assert total == 8 and {r.status for r in rows} == {"success"}
+    assert not list((tmp_path / "state" / "spendlog").glob("spill-*"))
 
 
 async def test_shutdown_after_a_stream_on_a_kept_alive_connection_is_prompt(
