@@ -223,6 +223,18 @@ async def _signals(
                 force.cancel()
 
 
+async def _watch_parent(shutdown: trio.Event, parent_pid: int, interval_s: float = 0.5) -> None:
+    """A supervised worker shuts down gracefully when its supervisor is gone.
+
+    Workers run in sessions of their own (the supervisor forwards signals), so a
+    supervisor killed outright would otherwise leave them serving forever.
+    """
+    while os.getppid() == parent_pid:
+        await trio.sleep(interval_s)
+    logger.warning("supervisor gone; shutting down", extra={"parent_pid": parent_pid})
+    shutdown.set()
+
+
 async def serve(
     config: GatewayConfig,
     *,
@@ -249,6 +261,8 @@ async def serve(
     async with trio.open_nursery() as outer:
         if handle_signals:
             await outer.start(_signals, shutdown, outer.cancel_scope)
+        if listen_fd is not None:
+            outer.start_soon(_watch_parent, shutdown, os.getppid())
         async with open_gateway(config, clock_ms=clock_ms) as services:
             app: Any = GatewayASGI(services)  # a raw ASGI 3 callable (hypercorn's types are narrow)
             asgi = wrap_app(app, hconfig.wsgi_max_body_size, "asgi")

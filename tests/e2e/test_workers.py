@@ -78,3 +78,41 @@ async def test_two_workers_share_the_port_and_the_embedded_redis(tmp_path: Path)
                 process.kill()
     assert code == 0
     assert len(pids) == 2
+
+
+async def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_list": [{"model_name": "m", "litellm_params": {"model": "mock/m"}}],
+        "general_settings": {"master_key": MASTER_KEY},
+        "triogate": {"state_dir": str(tmp_path / "state")},
+    }))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIOGATE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "triogate", "serve", "--config", str(config), "--port", "0",
+         "--workers", "2"], stderr=subprocess.PIPE, env=env)
+    assert process.stderr is not None
+
+    def worker_pids() -> set[int]:
+        pids: set[int] = set()
+        for line in process.stderr:  # type: ignore[union-attr]
+            if b"gateway ready" in line and (pid := re.search(rb'"pid": ?(\d+)', line)):
+                pids.add(int(pid.group(1)))
+            if len(pids) == 2:
+                return pids
+        raise AssertionError("the supervisor exited early")
+
+    with trio.fail_after(30):
+        pids = await trio.to_thread.run_sync(worker_pids)
+        process.kill()  # no chance to forward anything
+        process.wait()
+        while any(_alive(pid) for pid in pids):
+            await trio.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
