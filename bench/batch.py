@@ -49,8 +49,8 @@ async def time_per_op(fn: object, n: int) -> float:
 
 
 async def pipeline_vs_sequential(url: str) -> dict[str, float]:
-    import coredis  # noqa: PLC0415
-    from coredis.response._callbacks import NoopCallback  # noqa: PLC0415
+    import coredis
+    from coredis.response._callbacks import NoopCallback
 
     resp = RespBackend(url, command_timeout_s=5)
     commands = [("GET", f"k{i}") for i in range(10)]

@@ -229,7 +229,7 @@ async def _watch_parent(shutdown: trio.Event, parent_pid: int, interval_s: float
     Workers run in sessions of their own (the supervisor forwards signals), so a
     supervisor killed outright would otherwise leave them serving forever.
     """
-    while os.getppid() == parent_pid:
+    while os.getppid() == parent_pid:  # noqa: ASYNC110 (no event tells a parent died)
         await trio.sleep(interval_s)
     logger.warning("supervisor gone; shutting down", extra={"parent_pid": parent_pid})
     shutdown.set()

@@ -1,4 +1,4 @@
-"""``triogate serve | keys | teams | users | tags``: thin argument parsing over app and admin code.
+"""``triogate serve | keys | teams | users | tags | bench``: argument parsing, no logic.
 
 The environment is read here and in ``config.expand_env``, nowhere else.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from triogate import admin_cli
+from triogate import admin_cli, bench_roundtrips
 from triogate._log import configure_logging
 from triogate.errors import ConfigError
 
@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1, help="processes sharing one port")
     serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     admin_cli.add_parsers(sub)
+    bench_roundtrips.add_parser(sub)
     return parser
 
 
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _parser().parse_args(argv)
     configure_logging(os.environ.get("TRIOGATE_LOG_LEVEL", "info"))
+    if args.command == "bench":
+        return bench_roundtrips.run(args)
     if args.command in admin_cli.COMMANDS:
         return admin_cli.run(args, os.environ)
     try:
