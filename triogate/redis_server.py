@@ -11,15 +11,17 @@ counters survive a restart; test servers keep nothing.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
@@ -71,6 +73,7 @@ class ServerSpec:
     argv: tuple[str, ...]
     socket_path: Path
     log_path: Path
+    pid_path: Path
 
     @property
     def url(self) -> str:
@@ -91,6 +94,7 @@ def server_spec(state_dir: Path, *, persistent: bool, binary: str | None = None)
         short.mkdir(mode=0o700, exist_ok=True)
         socket_path = short / "redis.sock"
     log_path = state_dir / "redis.log"
+    pid_path = state_dir / "redis.pid"
     argv = [
         binary or find_server_binary(),
         "--port", "0",
@@ -98,6 +102,7 @@ def server_spec(state_dir: Path, *, persistent: bool, binary: str | None = None)
         "--unixsocketperm", "700",
         "--dir", str(state_dir),
         "--logfile", str(log_path),
+        "--pidfile", str(pid_path),
         "--save", "",
         "--daemonize", "no",
     ]
@@ -105,7 +110,53 @@ def server_spec(state_dir: Path, *, persistent: bool, binary: str | None = None)
         argv += ["--appendonly", "yes", "--appendfsync", "everysec"]
     else:
         argv += ["--appendonly", "no"]
-    return ServerSpec(tuple(argv), socket_path, log_path)
+    return ServerSpec(tuple(argv), socket_path, log_path, pid_path)
+
+
+def _resolve_prctl() -> Any:
+    """libc's prctl, looked up in the parent: the child must not dlopen between fork and
+    exec (another thread may hold the loader's lock)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: the pid-file check at the next start stops a leftover
+
+
+def _die_with_parent_fn() -> Any:
+    """A preexec function asking Linux to SIGTERM the child when its parent dies.
+
+    The server runs in a session of its own (a terminal's Ctrl-C must not stop it before
+    the gateway drains into it), so without this a gateway killed outright would leave it
+    running, holding the state folder's append-only file.
+    """
+    prctl = _resolve_prctl()
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+def _stop_leftover(spec: ServerSpec) -> None:
+    """Stop a server a previous gateway left behind in this state folder (pid file)."""
+    try:
+        pid = int(spec.pid_path.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        cmdline = b""
+    if Path(spec.argv[0]).name.encode() not in cmdline or str(spec.socket_path).encode() not in (
+        cmdline
+    ):
+        return  # not ours (or already gone): leave it alone
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.02)
 
 
 def _ping_sync(socket_path: Path) -> bool:
@@ -134,12 +185,13 @@ class SyncServer:
 
     def __init__(self, state_dir: Path, *, persistent: bool = False) -> None:
         self.spec = server_spec(state_dir, persistent=persistent)
+        _stop_leftover(self.spec)
         if self.spec.socket_path.exists():
             self.spec.socket_path.unlink()
         # Its own session: a Ctrl-C at the terminal must not stop it before we drain.
         self.process = subprocess.Popen(self.spec.argv, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_die_with_parent_fn())
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not _ping_sync(self.spec.socket_path):
             if self.process.poll() is not None:
@@ -174,13 +226,14 @@ async def open_embedded_server(
         EmbeddedServerError: no binary, or it did not start within 10 s.
     """
     spec = server_spec(Path(state_dir), persistent=persistent)
+    await trio.to_thread.run_sync(_stop_leftover, spec)
     if spec.socket_path.exists():
         spec.socket_path.unlink()
     # Its own session: a Ctrl-C at the terminal reaches the gateway, which drains its
     # writes into this server before stopping it; the server must not stop first.
     process = await trio.lowlevel.open_process(
         list(spec.argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
+        stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent_fn(),
     )
     try:
         with trio.move_on_after(_START_TIMEOUT_S) as cs:

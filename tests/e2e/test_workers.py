@@ -104,9 +104,11 @@ async def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> N
 
     with trio.fail_after(30):
         pids = await trio.to_thread.run_sync(worker_pids)
+        server_pid = int((tmp_path / "state" / "redis" / "redis.pid").read_text())
         process.kill()  # no chance to forward anything
         process.wait()
-        while any(_alive(pid) for pid in pids):
+        # The workers shut down, and so does the supervisor's embedded server.
+        while any(_alive(pid) for pid in (*pids, server_pid)):
             await trio.sleep(0.1)
 
 
