@@ -155,8 +155,17 @@ def _stop_leftover(spec: ServerSpec) -> None:
         return  # not ours (or already gone): leave it alone
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+    while time.monotonic() < deadline and _running(pid):
         time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie waiting for its parent."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _ping_sync(socket_path: Path) -> bool:
