@@ -1,8 +1,7 @@
 """The admin API over real HTTP against a running gateway (real Redis, SQLite, upstreams).
 
-Also home of the helpers the other admin e2e modules import: ``admin_routes`` (merges
-``triogate.api.admin.routes()`` into the route table until ``routes.py`` does it itself;
-a no-op afterwards) and :class:`Admin`, a thin client asserting status codes.
+Also home of the helpers the other admin e2e modules import: :class:`Admin`, a thin
+client asserting status codes, and ``chat``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import sqlalchemy as sa
 import trio
 
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
-from triogate.api import admin, routes
 from triogate.store import SpendLogRow, hash_key
 from triogate.store.schema import metadata
 
@@ -33,20 +31,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 MESSAGES = [{"role": "user", "content": "Say something short about trio."}]
-
-
-@pytest.fixture(autouse=True)
-def admin_routes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Serve the admin routes (the gateway builds its table from ``routes.table()``)."""
-    original = routes.table
-
-    def table() -> dict[tuple[str, str], routes.Route]:
-        merged = original()
-        for (method, path), handler in admin.routes().items():
-            merged.setdefault((method, path), routes.Route(handler, "openai", path, "admin"))
-        return merged
-
-    monkeypatch.setattr(routes, "table", table)
 
 
 class Admin:

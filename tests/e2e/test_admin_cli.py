@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_KEY
-from tests.e2e.test_admin_api import admin_routes, chat  # noqa: F401  (autouse fixture)
+from tests.e2e.test_admin_api import chat
 from triogate import admin_cli
 from triogate.store import hash_key
 

@@ -15,10 +15,9 @@ import pytest
 import trio
 
 from tests.e2e.conftest import gateway_config, running_gateway
-from tests.e2e.test_admin_api import (  # noqa: F401  (admin_routes is an autouse fixture)
+from tests.e2e.test_admin_api import (
     Admin,
     admin_client,
-    admin_routes,
     chat,
     poll,
     status_of,

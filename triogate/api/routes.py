@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -20,34 +20,26 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class Route:
-    """A handler, the error shape of its API, and its name in metrics."""
+    """A handler and the error shape of its API."""
 
     handler: Handler
     style: Style = "openai"
-    name: str = "-"
-    kind: Literal["model", "admin", "public"] = "public"
-
-
-def _model(handler: Handler, name: str, style: Style = "openai") -> Route:
-    return Route(handler, style, name, "model")
 
 
 def table() -> dict[tuple[str, str], Route]:
     """Every route, keyed by (method, path)."""
     routes: dict[tuple[str, str], Route] = {
-        ("GET", "/health/liveliness"): Route(health.liveliness, name="liveliness"),
-        ("GET", "/health/liveness"): Route(health.liveliness, name="liveliness"),
-        ("GET", "/health/readiness"): Route(health.readiness, name="readiness"),
-        ("GET", "/metrics"): Route(health.metrics, name="metrics"),
+        ("GET", "/health/liveliness"): Route(health.liveliness),
+        ("GET", "/health/liveness"): Route(health.liveliness),
+        ("GET", "/health/readiness"): Route(health.readiness),
+        ("GET", "/metrics"): Route(health.metrics),
     }
     for prefix in ("/v1", ""):
-        routes[("POST", f"{prefix}/chat/completions")] = _model(chat.chat_completions, "chat")
-        routes[("POST", f"{prefix}/messages")] = _model(messages.create_message, "messages",
-                                                       "anthropic")
-        routes[("POST", f"{prefix}/responses")] = _model(responses.create_response, "responses")
-        routes[("POST", f"{prefix}/embeddings")] = _model(embeddings.create_embeddings,
-                                                         "embeddings")
-        routes[("GET", f"{prefix}/models")] = Route(health.models, name="models", kind="model")
+        routes[("POST", f"{prefix}/chat/completions")] = Route(chat.chat_completions)
+        routes[("POST", f"{prefix}/messages")] = Route(messages.create_message, "anthropic")
+        routes[("POST", f"{prefix}/responses")] = Route(responses.create_response)
+        routes[("POST", f"{prefix}/embeddings")] = Route(embeddings.create_embeddings)
+        routes[("GET", f"{prefix}/models")] = Route(health.models)
     for (method, path), handler in admin.routes().items():
-        routes[(method, path)] = Route(handler, "openai", path, "admin")
+        routes[(method, path)] = Route(handler)
     return routes

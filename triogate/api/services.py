@@ -31,8 +31,6 @@ class Health:
     """What readiness reports; flipped by the checks that notice."""
 
     redis_ok: bool = True
-    redis_error: str | None = None
-    degraded_until: float = 0.0  # trio time until which responses say x-triogate-degraded
 
 
 @attrs.frozen(kw_only=True)
