@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from triogate.routing.router import RouteResult
 
 logger = logging.getLogger("triogate.api.flow")
+
+T = TypeVar("T")
 
 
 @attrs.frozen(kw_only=True)
@@ -116,18 +118,25 @@ async def _from_cache(services: Services, call: Call, admitted: Admission) -> Re
     return StreamResponse(produce, headers=headers)
 
 
+async def _route(
+    services: Services, call: Call, admitted: Admission,
+    attempt: Callable[[Deployment], Awaitable[T]],
+) -> RouteResult[T]:
+    """Run ``attempt`` through the router's retries and fallbacks; on failure, settle
+    the request and raise the error to send."""
+    assert admitted.routing is not None
+    try:
+        return await services.router.run(admitted.routing, attempt, admitted.facts)
+    except (ProviderError, NoDeploymentAvailable, ValueError) as exc:
+        raise await _failed(services, call, admitted, exc) from None
+
+
 async def _complete(services: Services, call: Call, admitted: Admission) -> Response:
     async def attempt(deployment: Deployment) -> Completion:
         provider = services.providers[deployment.provider]
         return await provider.complete(call.api, call.body, deployment)
 
-    assert admitted.routing is not None
-    try:
-        result: RouteResult[Completion] = await services.router.run(
-            admitted.routing, attempt, admitted.facts
-        )
-    except (ProviderError, NoDeploymentAvailable, ValueError) as exc:
-        raise await _failed(services, call, admitted, exc) from None
+    result = await _route(services, call, admitted, attempt)
     completion = result.value
     await settlement.settle(
         services, call, admitted,
@@ -162,13 +171,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             raise
         return _Open(stack, stream, events, first)
 
-    assert admitted.routing is not None
-    try:
-        result: RouteResult[_Open] = await services.router.run(
-            admitted.routing, attempt, admitted.facts
-        )
-    except (ProviderError, NoDeploymentAvailable, ValueError) as exc:
-        raise await _failed(services, call, admitted, exc) from None
+    result = await _route(services, call, admitted, attempt)
     opened = result.value
     first_token_s = trio.current_time() - call.request.started_at
     services.metrics.ttft.labels(call.route, call.group).observe(first_token_s)
