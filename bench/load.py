@@ -5,7 +5,7 @@
     python bench/load.py --profile    # also: py-spy of one worker under load
 
 Every part is its own process on loopback: a Redis-compatible server on TCP (the
-valkey-server the gateway embeds), the fake upstream (``python -m triogate.fakeupstream``,
+valkey-server the gateway embeds), the fake upstream (``python -m triogate.testing.fakeupstream``,
 ``--latency-ms`` per answer), the gateway (``python -m triogate serve``, 1 then 2
 workers), the delay proxy (``bench/delay_proxy.py``) and the load generator, wrk
 (closed loop: each connection sends its next request when the last answer ended; a

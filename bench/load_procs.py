@@ -106,7 +106,7 @@ def start_redis(log_dir: Path) -> tuple[Proc, int]:
 
 def start_upstream(log_dir: Path, *, latency_ms: float, api_key: str) -> tuple[Proc, str]:
     port = free_port()
-    proc = Proc.start("upstream", [sys.executable, "-m", "triogate.fakeupstream", "--port",
+    proc = Proc.start("upstream", [sys.executable, "-m", "triogate.testing.fakeupstream", "--port",
                                    str(port), "--latency-ms", str(latency_ms),
                                    "--api-key", api_key], log_dir)
     wait_tcp(port, proc)

@@ -266,7 +266,8 @@ def markdown(results: dict[str, Any]) -> str:
                 if "canary_ms" in p] or [0.0]
     out = [
         "# Load benchmark", "",
-        f"Upstream: `python -m triogate.fakeupstream --latency-ms {s['upstream_latency_ms']:g}`"
+        f"Upstream: `python -m triogate.testing.fakeupstream "
+        f"--latency-ms {s['upstream_latency_ms']:g}`"
         f" (every answer waits {s['upstream_latency_ms']:g} ms). Load: wrk, closed loop, "
         f"{s['duration_s']:g} s per point after a {s['warmup_s']:g} s warm-up per gateway "
         f"start; every prompt unique (cache misses) except in the cache-hit table. "

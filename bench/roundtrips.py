@@ -1,12 +1,12 @@
 """The round-trip table: ``python bench/roundtrips.py [--requests N] [--out DIR]``.
 
 The same as ``triogate bench roundtrips``; the harness lives in
-``triogate/bench_roundtrips.py`` so that the installed command can run it.
+``triogate/bench/roundtrips.py`` so that the installed command can run it.
 """
 
 from __future__ import annotations
 
-from triogate.bench_roundtrips import main
+from triogate.bench.roundtrips import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -38,7 +38,7 @@ from triogate.batch import (
     Settler,
     redact_url,
 )
-from triogate.cache import ResponseCache
+from triogate.cache.response import ResponseCache
 from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
 from triogate.governance.local import LocalGovernance

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from triogate import admin_cli, bench_roundtrips
+from triogate import admin_cli
 from triogate._log import configure_logging
+from triogate.bench import roundtrips as bench_roundtrips
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:

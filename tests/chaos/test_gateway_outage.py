@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import gateway_config, running_gateway
-from triogate.fakeupstream import open_fake_upstream
+from triogate.testing.fakeupstream import open_fake_upstream
 
 if TYPE_CHECKING:
     from pathlib import Path

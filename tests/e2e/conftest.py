@@ -13,7 +13,7 @@ import trio
 
 from triogate.app import serve, wall_clock_ms
 from triogate.config import parse_config
-from triogate.fakeupstream import open_fake_upstream
+from triogate.testing.fakeupstream import open_fake_upstream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
     from triogate.batch import RespBackend
     from triogate.config import GatewayConfig
-    from triogate.fakeupstream import FakeUpstream
+    from triogate.testing.fakeupstream import FakeUpstream
 
 MASTER_KEY = "sk-test-master"
 UPSTREAM_KEY = "sk-upstream-secret"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from triogate.fakeupstream import FakeUpstream
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

@@ -19,14 +19,14 @@ import trio
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
 from triogate.batch import open_batch_scope
 from triogate.governance.budgets import budget_state
-from triogate.store.principals import key_principal
+from triogate.governance.from_rows import key_principal
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from tests.e2e.conftest import Gateway
     from triogate.batch import RespBackend
-    from triogate.fakeupstream import FakeUpstream
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from tests.e2e.conftest import Gateway
     from triogate.batch import RespBackend, TraceSummary
-    from triogate.fakeupstream import FakeUpstream
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from triogate.batch import RespBackend
-    from triogate.fakeupstream import FakeUpstream
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

@@ -15,7 +15,7 @@ from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import Gateway
-    from triogate.fakeupstream import FakeUpstream
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

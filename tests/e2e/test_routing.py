@@ -14,7 +14,7 @@ import trio
 
 from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY, running_gateway
 from triogate.config import parse_config
-from triogate.fakeupstream import open_fake_upstream
+from triogate.testing.fakeupstream import open_fake_upstream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from tests.e2e.conftest import Gateway
     from triogate.batch import RespBackend
-    from triogate.fakeupstream import FakeUpstream
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

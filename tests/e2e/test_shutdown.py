@@ -15,8 +15,8 @@ import trio
 import yaml
 
 from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
-from triogate.fakeupstream import open_fake_upstream
 from triogate.store import open_store
+from triogate.testing.fakeupstream import open_fake_upstream
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     from tests.e2e.conftest import Gateway
     from triogate.batch import RespBackend
-    from triogate.fakeupstream import FakeUpstream
     from triogate.store import SpendLogRow
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -49,7 +49,7 @@ async def key_budget(gateway: Gateway, raw: str) -> tuple[int, int]:
     assert identities is not None
     async with open_batch_scope(gateway.services.backends) as scope:
         row = await gateway.services.store.get_keys([hash_key(raw)])  # type: ignore[union-attr]
-        from triogate.store.principals import key_principal
+        from triogate.governance.from_rows import key_principal
 
         principal = key_principal(row[hash_key(raw)])
         state = scope.start_participant(

@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from triogate.batch import AFTER, BEFORE
-from triogate.bench_roundtrips import SHAPES, main, run_roundtrips
+from triogate.bench.roundtrips import SHAPES, main, run_roundtrips
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from triogate.bench_roundtrips_report import RoundTripReport
+    from triogate.bench.report import RoundTripReport
 
 pytestmark = pytest.mark.integration
 

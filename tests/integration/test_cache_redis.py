@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from triogate.batch import RespBackend, Settler, open_batch_scope, open_post_call_batch
-from triogate.cache import CacheControl, CachedResponse, ResponseCache
-from triogate.cache_key import cache_key
-from triogate.cache_replay import assemble, replay
+from triogate.cache.key import cache_key
+from triogate.cache.replay import assemble, replay
+from triogate.cache.response import CacheControl, CachedResponse, ResponseCache
 from triogate.providers.base import Usage
 
 if TYPE_CHECKING:

@@ -29,12 +29,12 @@ from triogate.errors import (
     ProviderStatusError,
     ProviderTimeout,
 )
-from triogate.fakeupstream import FakeUpstream, open_fake_upstream
 from triogate.providers import new_upstream_client
 from triogate.providers.anthropic import AnthropicProvider
 from triogate.providers.base import Usage
 from triogate.providers.openai import OpenAIProvider
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
+from triogate.testing.fakeupstream import FakeUpstream, open_fake_upstream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -434,7 +434,8 @@ async def test_fake_latency_per_request_and_models(upstream: FakeUpstream) -> No
 
 
 async def test_fake_cli_serves_in_its_own_process() -> None:
-    command = [sys.executable, "-m", "triogate.fakeupstream", "--port", "0", "--latency-ms", "1"]
+    command = [sys.executable, "-m", "triogate.testing.fakeupstream",
+               "--port", "0", "--latency-ms", "1"]
     run = functools.partial(trio.run_process, command, stdout=subprocess.PIPE, check=False)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:

@@ -14,18 +14,18 @@ import sqlalchemy as sa
 import trio
 
 from triogate.errors import StoreError
-from triogate.store import (
-    SpendLogRow,
-    StoreConflict,
-    hash_key,
-    open_store,
-)
-from triogate.store.principals import (
+from triogate.governance.from_rows import (
     end_user_principal,
     key_principal,
     tag_principal,
     team_principal,
     user_principal,
+)
+from triogate.store import (
+    SpendLogRow,
+    StoreConflict,
+    hash_key,
+    open_store,
 )
 from triogate.store.schema import metadata
 

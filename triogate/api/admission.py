@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from triogate.api.flow import Call
     from triogate.api.services import Services
     from triogate.batch import BatchScope, Participant
-    from triogate.cache import CachedResponse
+    from triogate.cache.response import CachedResponse
     from triogate.config import Deployment
     from triogate.governance.budgets import BudgetOutcome
     from triogate.governance.principals import Identity

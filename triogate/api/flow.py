@@ -26,8 +26,8 @@ import trio
 from triogate.api import admission, settlement, sse
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.http import Response, StreamResponse
-from triogate.cache import CacheControl
-from triogate.cache_replay import replay
+from triogate.cache.replay import replay
+from triogate.cache.response import CacheControl
 from triogate.errors import ProviderError
 from triogate.routing.router import NoDeploymentAvailable
 

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from triogate.api import admin, chat, embeddings, health, messages, responses
+from triogate.api import chat, embeddings, health, messages, responses
+from triogate.api.admin.routes import routes as admin_routes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -40,6 +41,6 @@ def table() -> dict[tuple[str, str], Route]:
         routes[("POST", f"{prefix}/responses")] = Route(responses.create_response)
         routes[("POST", f"{prefix}/embeddings")] = Route(embeddings.create_embeddings)
         routes[("GET", f"{prefix}/models")] = Route(health.models)
-    for (method, path), handler in admin.routes().items():
+    for (method, path), handler in admin_routes().items():
         routes[(method, path)] = Route(handler)
     return routes

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from triogate.batch import Backend, MemoryTracer, Settler
-    from triogate.cache import ResponseCache
+    from triogate.cache.response import ResponseCache
     from triogate.config import GatewayConfig
     from triogate.governance.facts import CheckSettings
     from triogate.governance.identity import IdentityResolver

@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from triogate.batch import open_post_call_batch
-from triogate.cache_replay import assemble
+from triogate.cache.replay import assemble
 from triogate.governance import budgets, rate_limits
 from triogate.providers.base import Usage
 from triogate.store.records import SpendLogRow

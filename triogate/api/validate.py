@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from triogate.api.errors import ApiError
-from triogate.cache import CacheControl, parse_cache_control
+from triogate.cache.response import CacheControl, parse_cache_control
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

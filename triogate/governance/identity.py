@@ -35,19 +35,19 @@ import trio
 
 from triogate.batch import BackendUnavailable, BatchError, Script
 from triogate.governance.decisions import Rejected
-from triogate.governance.keys import (
-    IDENTITY_CHANNEL,
-    identity_generation,
-    identity_row,
-)
-from triogate.governance.principals import Identity, Principal
-from triogate.store.principals import (
+from triogate.governance.from_rows import (
     end_user_principal,
     key_principal,
     tag_principal,
     team_principal,
     user_principal,
 )
+from triogate.governance.keys import (
+    IDENTITY_CHANNEL,
+    identity_generation,
+    identity_row,
+)
+from triogate.governance.principals import Identity, Principal
 from triogate.store.records import hash_key
 
 if TYPE_CHECKING:

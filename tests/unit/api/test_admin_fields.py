@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from triogate.api.admin import routes
-from triogate.api.admin_fields import (
+from triogate.api.admin.fields import (
     KEY_FIELDS,
     TAG_FIELDS,
     TEAM_FIELDS,
@@ -26,6 +25,7 @@ from triogate.api.admin_fields import (
     usd,
     usd_to_nanousd,
 )
+from triogate.api.admin.routes import routes
 from triogate.api.errors import ApiError
 from triogate.governance.budgets import BudgetState
 from triogate.store import KeyRow, TagRow, hash_key

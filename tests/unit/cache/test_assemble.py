@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.unit.providers.helpers import make_deployment
-from triogate.cache_replay import assemble, replay
+from triogate.cache.replay import assemble, replay
 from triogate.config import MockSettings
 from triogate.providers.base import Usage
 from triogate.providers.mock import MockProvider

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from triogate.cache import MAX_TTL_S, CacheControl, parse_cache_control
+from triogate.cache.response import MAX_TTL_S, CacheControl, parse_cache_control
 
 VALID: list[tuple[str, dict[str, Any], dict[str, str], CacheControl]] = [
     ("nothing", {}, {}, CacheControl()),

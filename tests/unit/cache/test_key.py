@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from triogate.cache_key import (
+from triogate.cache.key import (
     IGNORED_FIELDS,
     KEY_VERSION,
     cache_key,

@@ -18,7 +18,8 @@ from triogate.batch import (
     open_post_call_batch,
 )
 from triogate.batch.testing import FaultyBackend, RecordingBackend
-from triogate.cache import (
+from triogate.cache.key import cache_key
+from triogate.cache.response import (
     HEADER,
     OWNER,
     CacheControl,
@@ -26,7 +27,6 @@ from triogate.cache import (
     ResponseCache,
     encode_entry,
 )
-from triogate.cache_key import cache_key
 from triogate.config import CacheSettings
 from triogate.governance.principals import Identity, Principal
 from triogate.providers.base import Usage

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from triogate.cache_replay import assemble, replay
+from triogate.cache.replay import assemble, replay
 
 from .bodies import BODIES
 from .sdk import sdk_final

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from triogate.governance.from_rows import key_principal, tag_principal
 from triogate.store import KeyRow, TagRow, generate_key, hash_key, key_hint, parse_duration
-from triogate.store.principals import key_principal, tag_principal
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from triogate.api import auth
-from triogate.api.admin_common import sql, store_of
-from triogate.api.admin_fields import (
+from triogate.api.admin.common import sql, store_of
+from triogate.api.admin.fields import (
     iso,
     key_candidates,
     page_count,

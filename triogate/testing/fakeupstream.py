@@ -12,7 +12,7 @@ In tests::
         upstream.fail_next(2, status=503)
         ... upstream.base_url ...   # "http://127.0.0.1:PORT"
 
-For benchmarks, a separate process: ``python -m triogate.fakeupstream --port 8099``.
+For benchmarks, a separate process: ``python -m triogate.testing.fakeupstream --port 8099``.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``
 (OpenAI: ``Authorization: Bearer``) and ``POST /v1/messages`` (Anthropic: ``x-api-key``).
@@ -651,7 +651,7 @@ async def open_fake_upstream(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m triogate.fakeupstream --port N [--latency-ms X]``: serve until Ctrl-C."""
+    """``python -m triogate.testing.fakeupstream --port N [--latency-ms X]``: serve until Ctrl-C."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 
 from triogate.api import auth
-from triogate.api.admin_common import (
+from triogate.api.admin.common import (
     announce,
     begin,
     budget_states,
@@ -25,7 +25,7 @@ from triogate.api.admin_common import (
     sql,
     store_of,
 )
-from triogate.api.admin_fields import (
+from triogate.api.admin.fields import (
     END_USER_FIELDS,
     KEY_FIELDS,
     TAG_FIELDS,
@@ -44,7 +44,7 @@ from triogate.api.admin_fields import (
 )
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
-from triogate.store.principals import (
+from triogate.governance.from_rows import (
     end_user_principal,
     tag_principal,
     team_principal,

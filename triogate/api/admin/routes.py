@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from triogate.api import admin_keys, admin_spend
-from triogate.api.admin_entities import END_USERS, TAGS, TEAMS, USERS, handlers, tag_info_many
-from triogate.api.admin_entities import user_new as _user_new
+from triogate.api.admin import keys as admin_keys
+from triogate.api.admin import spend as admin_spend
+from triogate.api.admin.entities import END_USERS, TAGS, TEAMS, USERS, handlers, tag_info_many
+from triogate.api.admin.entities import user_new as _user_new
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from triogate.api import auth
-from triogate.api.admin_common import (
+from triogate.api.admin.common import (
     announce,
     begin,
     budget_states,
@@ -20,7 +20,7 @@ from triogate.api.admin_common import (
     sql,
     store_of,
 )
-from triogate.api.admin_fields import (
+from triogate.api.admin.fields import (
     KEY_FIELDS,
     bad,
     key_candidates,
@@ -35,7 +35,7 @@ from triogate.api.admin_fields import (
 )
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
-from triogate.store.principals import key_principal
+from triogate.governance.from_rows import key_principal
 
 if TYPE_CHECKING:
     from triogate.api.http import Request

@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from triogate.api import auth
-from triogate.api.admin_fields import FieldContext
+from triogate.api.admin.fields import FieldContext
 from triogate.api.errors import ApiError
 from triogate.batch import BackendUnavailable, BatchError, open_batch_scope
 from triogate.errors import StoreError

@@ -33,7 +33,7 @@ import orjson
 import trio
 
 from triogate.app import serve
-from triogate.bench_roundtrips_report import RequestTrace, RoundTripReport, ShapeResult, trace_of
+from triogate.bench.report import RequestTrace, RoundTripReport, ShapeResult, trace_of
 from triogate.config import parse_config
 from triogate.redis_server import open_embedded_server
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from triogate.governance.principals import Limits, Principal
 
 if TYPE_CHECKING:
-    from .records import EndUserRow, KeyRow, TagRow, TeamRow, UserRow
+    from triogate.store.records import EndUserRow, KeyRow, TagRow, TeamRow, UserRow
 
 
 def _limits(

@@ -7,8 +7,8 @@
   post-call batch, next to settlement and usage. A replay of it after an outage writes
   the same answer again (an equivalent answer, if another request refreshed the entry in
   between) and restarts its TTL: idempotent by nature, no marker needed.
-* **The key** is :func:`triogate.cache_key.cache_key` (documented there); streams are
-  turned into bodies and back by :mod:`triogate.cache_replay`.
+* **The key** is :func:`triogate.cache.key.cache_key` (documented there); streams are
+  turned into bodies and back by :mod:`triogate.cache.replay`.
 
 Policy:
 
@@ -39,7 +39,7 @@ import orjson
 import trio
 
 from triogate.batch import BackendUnavailable, CommandError
-from triogate.cache_key import cache_key
+from triogate.cache.key import cache_key
 from triogate.providers.base import Usage
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class CachedResponse:
 
     Attributes:
         body: the complete response in the client's API shape (as a non-streaming
-            client gets it; :func:`triogate.cache_replay.replay` makes it a stream).
+            client gets it; :func:`triogate.cache.replay.replay` makes it a stream).
         usage: what the original call used (a hit itself costs nothing).
         created_ms: when the answer was stored (epoch ms).
     """

@@ -1,0 +1,1 @@
+"""The admin API: LiteLLM's paths and field names (see ``routes``)."""

@@ -1,0 +1,1 @@
+"""Benchmarks shipped with the gateway: the round-trip table (``triogate bench roundtrips``)."""
