@@ -138,6 +138,8 @@ async def open_gateway(
         )
         await nursery.start(spend_logs.run)
 
+        router = Router(config, clock_ms=clock_ms)
+
         def gauges() -> dict[str, tuple[str, float]]:
             stats = settler.statistics()
             return {
@@ -150,6 +152,9 @@ async def open_gateway(
                                       1.0 if health.redis_ok else 0.0),
                 "triogate_spend_log_queue": ("Spend-log rows waiting to be written.",
                                              spend_logs.statistics().queued),
+                "triogate_deployments_cooling_down": (
+                    "Deployments this process knows to be cooling down.",
+                    router.mirror.cooling(clock_ms())),
             }
 
         metrics = Metrics(gauges)
@@ -160,7 +165,7 @@ async def open_gateway(
             settler=settler,
             tracer=tracer,
             providers=providers,
-            router=Router(config, clock_ms=clock_ms),
+            router=router,
             metrics=metrics,
             clock_ms=clock_ms,
             health=health,

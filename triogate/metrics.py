@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _WAIT_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20)
@@ -63,6 +63,18 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.spend = Counter(
+            "triogate_spend_usd",
+            "Spend charged to callers, in USD, by model group (cache hits cost nothing).",
+            ["model_group"],
+            registry=self.registry,
+        )
+        self.upstream_attempts = Counter(
+            "triogate_upstream_attempts",
+            "Calls of a deployment (retries and fallbacks each count), by outcome: ok or error.",
+            ["deployment", "outcome"],
+            registry=self.registry,
+        )
         self.degraded = Counter(
             "triogate_degraded_decisions",
             "Decisions taken without Redis (fail-open or fail-closed), by check.",
@@ -77,10 +89,17 @@ class Metrics:
         return generate_latest(self.registry)
 
     def observe_request(self, route: str, group: str, deployment: str, status: int,
-                        duration_s: float) -> None:
-        """Count one finished request and its duration."""
+                        duration_s: float, *, cost_nanousd: int = 0) -> None:
+        """Count one finished request, its duration and what it was charged."""
         self.requests.labels(route, group, deployment, str(status)).inc()
         self.latency.labels(route, group).observe(duration_s)
+        if cost_nanousd:
+            self.spend.labels(group).inc(cost_nanousd / 1e9)
+
+    def observe_attempts(self, attempts: Iterable[tuple[str, bool, object, float]]) -> None:
+        """Count a request's upstream calls (``routing.Attempt`` tuples), ok or error."""
+        for deployment_id, ok, _error, _latency_s in attempts:
+            self.upstream_attempts.labels(deployment_id, "ok" if ok else "error").inc()
 
     def observe_waits(self, before: int, after: int) -> None:
         """Record a request's Redis waits."""

@@ -129,8 +129,10 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         services.spend_logs.submit_nowait(_spend_row(call, admitted, outcome, now_ms))
     services.metrics.observe_request(
         call.route, call.group, deployment.id if deployment else "-",
-        outcome.http_status or 0, duration_s,
+        outcome.http_status or 0, duration_s, cost_nanousd=cost_nanousd(outcome),
     )
+    if admitted.routing is not None:
+        services.metrics.observe_attempts(admitted.routing.attempts)
     line: dict[str, object] = {
         "trace_id": call.trace_id,
         "route": call.route,

@@ -220,6 +220,13 @@ class LocalMirror:
 
     # ------------------------------------------------------------------ views
 
+    def cooling(self, now_ms: int) -> int:
+        """How many deployments this process knows to be cooling down at ``now_ms``
+        (its own failures and the cooldowns Redis reads returned)."""
+        return sum(1 for local in self._by_id.values()
+                   if cooldowns.is_cooling(local.cooldown_until_ms, now_ms))
+
+
     def snapshot(
         self, group: str, deployments: Sequence[Deployment], now_ms: int
     ) -> GroupState:
