@@ -16,7 +16,7 @@ import trio
 
 from tests.e2e.conftest import MASTER_KEY
 from tests.e2e.test_admin_api import chat
-from triogate import admin_cli
+from triogate.cli import admin as admin_cli
 from triogate.store import hash_key
 
 if TYPE_CHECKING:

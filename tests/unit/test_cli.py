@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from triogate.cli import main
+from triogate.cli import main, operator_errors
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,3 +33,32 @@ def test_the_example_master_key_is_refused_on_a_public_address(
     monkeypatch.delenv("TRIOGATE_MASTER_KEY", raising=False)
     assert main(["serve", "--host", host, "--port", "0"]) == 2
     assert "example master key" in capsys.readouterr().err
+
+
+def test_a_group_of_operator_errors_is_one_line_each_without_repeats() -> None:
+    from triogate.errors import ConfigError, StoreError
+
+    group = ExceptionGroup("outer", [
+        ExceptionGroup("inner", [StoreError("create schema failed:\n  connection refused")]),
+        StoreError("create schema failed:\n  connection refused"),
+        ConfigError("bad"),
+    ])
+    assert operator_errors(group) == ["create schema failed: connection refused", "bad"]
+    assert operator_errors(OSError(98, "Address already in use")) == [
+        "OSError: [Errno 98] Address already in use"]
+
+
+def test_a_bug_anywhere_in_the_group_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from triogate.cli import serve
+    from triogate.errors import StoreError
+
+    assert operator_errors(ExceptionGroup("g", [StoreError("x"), KeyError("bug")])) is None
+
+    def broken(*_: object) -> int:
+        raise ExceptionGroup("g", [StoreError("x"), KeyError("bug")])
+
+    monkeypatch.setattr(serve, "run", broken)
+    with pytest.raises(ExceptionGroup):
+        main(["serve"])

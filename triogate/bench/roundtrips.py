@@ -33,6 +33,7 @@ import orjson
 import trio
 
 from triogate.app import serve
+from triogate.bench.options import add_roundtrips_arguments
 from triogate.bench.report import RequestTrace, RoundTripReport, ShapeResult, trace_of
 from triogate.config import parse_config
 from triogate.redis_server import open_embedded_server
@@ -273,22 +274,6 @@ async def run_roundtrips(*, requests: int = 5, work_dir: Path | None = None,
 # --------------------------------------------------------------------------- the command
 
 
-def add_parser(subparsers: Any) -> None:
-    """Add ``bench roundtrips`` to ``triogate``'s subcommands."""
-    bench = subparsers.add_parser("bench", help="benchmarks (see bench/README.md)")
-    which = bench.add_subparsers(dest="bench_command", required=True)
-    parser = which.add_parser("roundtrips", help="count Redis waits per request shape")
-    add_arguments(parser)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=5,
-                        help="traced requests per shape, after one warm-up (default 5)")
-    parser.add_argument("--out", type=Path, default=Path("bench/results"),
-                        help="folder for roundtrips.md and roundtrips.json "
-                             "(default bench/results)")
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the harness, write the results, print the table; 1 if a budget is exceeded."""
     report = trio.run(partial(run_roundtrips, requests=args.requests))
@@ -304,6 +289,6 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python bench/roundtrips.py [--requests N] [--out DIR]``."""
     parser = argparse.ArgumentParser(prog="roundtrips", description=__doc__.split("\n")[0])
-    add_arguments(parser)
+    add_roundtrips_arguments(parser)
     return run(parser.parse_args(argv))
 

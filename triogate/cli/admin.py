@@ -3,7 +3,7 @@
 Thin: each command is one HTTP call to a *running* gateway's admin API (httpx, sync),
 printed as a table (or ``--json``, the API's body unchanged). The master key comes from
 ``--master-key`` or ``TRIOGATE_MASTER_KEY``; the environment is passed in by the entry
-point (``cli.py``), never read here. An error prints the API's own message and exits 1.
+point (``triogate.cli``), never read here. An error prints the API's own message and exits 1.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     Render = Callable[[Any], str]
     Action = Callable[[httpx.Client, argparse.Namespace], tuple[Any, Render]]
 
-#: Top-level commands this module adds (``cli.py`` dispatches them to :func:`run`).
+#: Top-level commands this module adds (``triogate.cli`` dispatches them to :func:`run`).
 COMMANDS = ("keys", "teams", "users", "tags")
 DEFAULT_URL = "http://127.0.0.1:4000"
 

@@ -1,70 +1,39 @@
-"""``triogate serve | keys | teams | users | tags | bench``: argument parsing, no logic.
+"""``triogate serve``: load the config, refuse unsafe addresses, run one worker or supervise many.
 
-The environment is read here and in ``config.expand_env``, nowhere else.
+Imported only when ``serve`` runs (``triogate.cli`` dispatches lazily): this module may
+pull in trio; the gateway itself (hypercorn, SQLAlchemy, ``triogate.app``) is imported
+only once the config has loaded.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import signal
 import socket
 import subprocess
 import sys
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
-from triogate import admin_cli
-from triogate._log import configure_logging
-from triogate.bench import roundtrips as bench_roundtrips
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    import argparse
+    from collections.abc import Mapping
+    from pathlib import Path
 
     from triogate.config import GatewayConfig
 
 logger = logging.getLogger("triogate.cli")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="triogate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", type=Path, help="YAML config (default: the example config)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=4000)
-    serve.add_argument("--workers", type=int, default=1, help="processes sharing one port")
-    serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
-    admin_cli.add_parsers(sub)
-    bench_roundtrips.add_parser(sub)
-    return parser
-
-
-def load(path: Path | None) -> GatewayConfig:
-    """Load the config with this process's environment (the one place it is read)."""
+def load(path: Path | None, environ: Mapping[str, str]) -> GatewayConfig:
+    """Load the config (the packaged default when None) with the process's environment."""
     from triogate.config import load_config
 
-    return load_config(path, environ=os.environ)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    args = _parser().parse_args(argv)
-    configure_logging(os.environ.get("TRIOGATE_LOG_LEVEL", "info"))
-    if args.command == "bench":
-        return bench_roundtrips.run(args)
-    if args.command in admin_cli.COMMANDS:
-        return admin_cli.run(args, os.environ)
-    try:
-        return _serve(args)
-    except ConfigError as exc:
-        print(f"triogate: {exc}", file=sys.stderr)
-        return 2
+    return load_config(path, environ=environ)
 
 
 #: The example config's master key: fine on loopback, refused anywhere else.
@@ -72,8 +41,13 @@ EXAMPLE_MASTER_KEY = "sk-triogate-dev"
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def _serve(args: argparse.Namespace) -> int:
-    config = load(args.config)
+def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """Serve until SIGINT/SIGTERM; the exit status.
+
+    Raises:
+        ConfigError: bad config, or an unsafe master key on a public address.
+    """
+    config = load(args.config, environ)
     if config.master_key is None:
         logger.warning("no master_key configured: every request is accepted without a key")
     if args.host not in _LOOPBACK and config.master_key in (None, EXAMPLE_MASTER_KEY):
@@ -83,14 +57,15 @@ def _serve(args: argparse.Namespace) -> int:
             + ": set general_settings.master_key or TRIOGATE_MASTER_KEY"
         )
     if args.workers > 1 and args.listen_fd is None:
-        return _supervise(args, config)
+        return _supervise(args, config, environ)
     from triogate.app import serve
 
     trio.run(partial(serve, config, host=args.host, port=args.port, listen_fd=args.listen_fd))
     return 0
 
 
-def _supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
+def _supervise(args: argparse.Namespace, config: GatewayConfig,
+               environ: Mapping[str, str]) -> int:
     """Run ``--workers`` processes on one listening socket; share one Redis between them.
 
     The supervisor binds the port once and passes the socket down; with the embedded
@@ -99,7 +74,7 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     """
     from triogate.redis_server import SyncServer
 
-    env = dict(os.environ)
+    env = dict(environ)
     server = None
     if config.settings.redis.url is None:
         server = SyncServer(config.state_dir / "redis", persistent=True)
@@ -129,7 +104,3 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig) -> int:
     if server is not None:
         server.stop()
     return max(codes, default=0)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
