@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import orjson
-import pytest
 import trio
-from trio.testing import MockClock
 
 from triogate.batch import (
     CommandError,
@@ -25,15 +23,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from trio.testing import MockClock
+
     from triogate.batch._backend import Wire
 
-
-
-@pytest.fixture
-def clock() -> MockClock:
-    """Jumps only after 50 ms of real idleness: journal files are written in worker
-    threads, which a threshold of 0 would jump past (to the shield's deadline)."""
-    return MockClock(autojump_threshold=0.05)
 
 
 SETTLE = Script.from_source("settle_once", "return redis.call('INCRBY', KEYS[1], ARGV[1])\n")
@@ -71,7 +64,7 @@ def replies(table: dict[str, list[object]]) -> Callable[[Wire], object]:
 
 
 async def test_transient_replies_are_journaled_and_retried_permanent_ones_dead_lettered(
-    clock: MockClock, tmp_path: Path
+    file_clock: MockClock, tmp_path: Path
 ) -> None:
     backend = RecordingBackend(respond=replies({
         "spend": [CommandError("LOADING Redis is loading the dataset in memory"),
@@ -106,7 +99,7 @@ async def test_transient_replies_are_journaled_and_retried_permanent_ones_dead_l
 
 
 async def test_replay_forgets_only_what_was_applied(
-    clock: MockClock, tmp_path: Path
+    file_clock: MockClock, tmp_path: Path
 ) -> None:
     # Two commands of one request; during replay one is refused (LOADING) and stays.
     table: dict[str, list[object]] = {"b": [CommandError("LOADING ..."),
@@ -134,7 +127,7 @@ async def test_replay_forgets_only_what_was_applied(
 
 
 async def test_a_write_older_than_its_window_is_dead_lettered_not_applied(
-    clock: MockClock, tmp_path: Path
+    file_clock: MockClock, tmp_path: Path
 ) -> None:
     inner = RecordingBackend()
     backend = FaultyBackend(inner)
@@ -158,7 +151,7 @@ async def test_a_write_older_than_its_window_is_dead_lettered_not_applied(
 
 
 async def test_scripts_are_journaled_by_name_and_sha_and_loaded_from_the_registry(
-    clock: MockClock, tmp_path: Path
+    file_clock: MockClock, tmp_path: Path
 ) -> None:
     changed = Script.from_source("gone", "return 2\n")
     entry = JournalEntry("r1", "default", (), 0)
@@ -197,7 +190,7 @@ def attrs_command(script: Script, key: str) -> object:
 
 
 async def test_the_journal_is_bounded_and_replays_in_chunks(
-    clock: MockClock, tmp_path: Path
+    file_clock: MockClock, tmp_path: Path
 ) -> None:
     inner = RecordingBackend()
     backend = FaultyBackend(inner)
