@@ -31,6 +31,7 @@ from triogate.api.services import Health, Services
 from triogate.batch import (
     BackendUnavailable,
     ClusterBackend,
+    DeadLetterFile,
     Journal,
     MemoryTracer,
     RespBackend,
@@ -61,15 +62,20 @@ logger = logging.getLogger("triogate")
 BACKEND_NAMES = ("counters", "cache", "identity")
 
 
+def lua_scripts() -> list[Script]:
+    """Every script in ``triogate/lua``: the registry a journal replay resolves names in."""
+    names = sorted(p.name for p in resources.files("triogate.lua").iterdir()
+                   if p.name.endswith(".lua"))
+    return [Script.from_package("triogate.lua", n) for n in names]
+
+
 async def load_scripts(backend: RespBackend | ClusterBackend) -> int:
     """``SCRIPT LOAD`` every script in ``triogate/lua`` (one pipeline; on a cluster, every
     primary), so that even the first request after start-up costs one wait; a NOSCRIPT
     later (Redis restarted) still falls back to EVAL for its owner. Returns how many were
     loaded (0 if Redis is down).
     """
-    names = sorted(p.name for p in resources.files("triogate.lua").iterdir()
-                   if p.name.endswith(".lua"))
-    scripts = [Script.from_package("triogate.lua", n) for n in names]
+    scripts = lua_scripts()
     try:
         await backend.execute([("SCRIPT", "LOAD", s.source) for s in scripts])
     except BackendUnavailable as exc:
@@ -118,7 +124,9 @@ async def open_gateway(
                 metrics_box[0].redis_waits.labels("after").observe(batch.rounds)
 
         settler = Settler(
-            backends, tracer=tracer, journal=Journal(state_dir / "journal"), on_settled=settled
+            backends, tracer=tracer, journal=Journal(state_dir / "journal"),
+            dead_letters=DeadLetterFile(state_dir / "dead-letter.jsonl"), scripts=lua_scripts(),
+            on_settled=settled, clock_ms=clock_ms,
         )
         await nursery.start(settler.run)
         providers = await stack.enter_async_context(
@@ -148,6 +156,13 @@ async def open_gateway(
                 "triogate_settler_batches": ("Post-call batches settled so far.", stats.batches),
                 "triogate_journal_pending": ("Journal entries awaiting replay.",
                                              stats.journal_pending),
+                "triogate_journal_bytes": ("Bytes of journal entries awaiting replay.",
+                                           stats.journal_bytes),
+                "triogate_dead_letters": ("Post-call writes dead-lettered since start "
+                                          "(state folder's dead-letter.jsonl).",
+                                          stats.dead_lettered),
+                "triogate_settler_retried": ("Post-call writes journaled for a transient "
+                                             "error reply since start.", stats.retried),
                 "triogate_redis_up": ("1 when the last Redis check succeeded.",
                                       1.0 if health.redis_ok else 0.0),
                 "triogate_spend_log_queue": ("Spend-log rows waiting to be written.",

@@ -254,7 +254,8 @@ async def open_embedded_server(
             raise _failure(spec, "did not answer PING in time")
         yield spec.url
     finally:
-        with trio.CancelScope(shield=True):
+        # Bounded: terminate, 5 s, kill; a kill is reaped at once.
+        with trio.move_on_after(10, shield=True):
             if process.returncode is None:
                 process.terminate()
                 with trio.move_on_after(5):

@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("triogate.api.flow")
 
+#: Bound on closing an upstream stream under a shield (a stuck upstream must not pin the
+#: request task for ever).
+CLOSE_TIMEOUT_S = 5.0
+
 T = TypeVar("T")
 
 
@@ -166,7 +170,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             events = stream.__aiter__()
             first = await anext(events, None)
         except BaseException:
-            with trio.CancelScope(shield=True):
+            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await stack.aclose()
             raise
         return _Open(stack, stream, events, first)
@@ -193,14 +197,17 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             error = exc
             await write(sse.error(call.api, from_provider(exc)))
         finally:
-            with trio.CancelScope(shield=True):
+            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await opened.stack.aclose()
             usage = opened.stream.usage
             outcome = settlement.succeeded(
                 result, usage, events=events if finished else None,
                 status="success" if finished else ("error" if error else "cancelled"),
             )
-            with trio.CancelScope(shield=True):
+            # settle() bounds its callbacks by post_call_deadline_s; this bounds the rest.
+            with trio.move_on_after(
+                services.config.settings.post_call_deadline_s + CLOSE_TIMEOUT_S, shield=True
+            ):
                 await settlement.settle(services, call, admitted, outcome=outcome)
 
     headers = admitted.headers(services, call, deployment=result.deployment)

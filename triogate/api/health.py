@@ -8,7 +8,7 @@ import trio
 
 from triogate.api import auth
 from triogate.api.http import Response
-from triogate.batch import BackendUnavailable
+from triogate.batch import BackendUnavailable, CommandError
 from triogate.errors import StoreError
 from triogate.metrics import CONTENT_TYPE
 
@@ -26,6 +26,9 @@ async def liveliness(services: Services, request: Request) -> Response:
 async def readiness(services: Services, request: Request) -> Response:
     """Redis and (when configured) SQL reachability.
 
+    Redis counts as ready when ``INFO persistence`` says ``loading:0``: a server still
+    loading its AOF or RDB answers ``"redis": "loading"`` (and ``degraded``).
+
     200 with ``"status": "degraded"`` when Redis is down: the gateway still serves,
     deciding from local state (fail-open) — pulling every instance out of a load balancer
     because the shared Redis blinked would turn a blip into an outage. ``?strict=1``
@@ -34,12 +37,16 @@ async def readiness(services: Services, request: Request) -> Response:
     body: dict[str, object] = {"status": "ready"}
     backend = services.backends["counters"]
     try:
-        await backend.execute([("PING",)])
-        body["redis"] = "connected"
-        services.health.redis_ok = True
+        # Not PING: a server loading its data set answers PING but refuses every write
+        # with LOADING. INFO is served while loading and says so.
+        (reply,) = await backend.execute([("INFO", "persistence")])
+        state = redis_state(reply)
+        body["redis"] = state
+        services.health.redis_ok = state == "connected"
     except BackendUnavailable as exc:
         body["redis"] = f"unavailable: {exc.reason}"
         services.health.redis_ok = False
+    if not services.health.redis_ok:
         body["status"] = "degraded"
     if services.store is not None:
         try:
@@ -54,6 +61,18 @@ async def readiness(services: Services, request: Request) -> Response:
     strict = request.query.get("strict") in ("1", "true")
     status = 503 if strict and body["status"] != "ready" else 200
     return Response.json(body, status=status)
+
+
+def redis_state(info: object) -> str:
+    """``"connected"``, ``"loading"`` or ``"unavailable: <reply>"`` from an ``INFO
+    persistence`` reply (an error reply such as ``LOADING`` arrives as a CommandError)."""
+    if isinstance(info, CommandError):
+        return "loading" if info.reply.startswith("LOADING") else f"unavailable: {info.reply}"
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("loading:"):
+            return "connected" if line.strip() == "loading:0" else "loading"
+    return "connected"  # a server whose INFO has no such field (not Redis): it answered
 
 
 async def metrics(services: Services, request: Request) -> Response:

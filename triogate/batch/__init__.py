@@ -7,7 +7,8 @@ the gateway). The pieces:
   batch and await handles; one pipeline per backend leaves when every live participant
   waits. See ``_scope.py`` for the flush rule.
 * :func:`open_post_call_batch` and :class:`Settler`: writes after the model call, sent
-  with group commit, journaled when Redis is down, drained on shutdown.
+  with group commit, journaled when Redis is down or busy (transient error replies),
+  replayed in chunks, dead-lettered when they never can land, drained on shutdown.
 * :class:`Script`: Lua as a file plus its SHA; EVALSHA with a per-owner EVAL fallback.
 * Backends: :class:`RespBackend` (own pipelined RESP2 client), :class:`ClusterBackend`
   (Redis Cluster: one pipeline per node, the nodes concurrently, so a round is still
@@ -24,6 +25,8 @@ from ._backend import redact_url as redact_url
 from ._cluster import ClusterBackend as ClusterBackend
 from ._cluster import ClusterStatistics as ClusterStatistics
 from ._command import Command as Command
+from ._deadletter import DeadLetter as DeadLetter
+from ._deadletter import DeadLetterFile as DeadLetterFile
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import BatchClosed as BatchClosed
 from ._errors import BatchError as BatchError
@@ -66,6 +69,8 @@ __all__ = (
     "ClusterStatistics",
     "Command",
     "CommandError",
+    "DeadLetter",
+    "DeadLetterFile",
     "FlushRecord",
     "Handle",
     "Journal",

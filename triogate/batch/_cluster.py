@@ -211,6 +211,7 @@ class ClusterBackend:
         name: label for traces and errors.
         pool_size: most connections open at once, per node.
         command_timeout_s: bound on one node pipeline (pool wait + connect + round trip).
+        max_idle_s: a node's pooled connection idle for longer is closed, not reused.
         max_redirects: how many times one ``execute`` follows MOVED/ASK (each a round).
         min_refresh_interval_s: least time between two slot-map refreshes.
         node_backend: ``(url, name) -> NodeBackend``; default a :class:`RespBackend`.
@@ -227,6 +228,7 @@ class ClusterBackend:
         name: str = "redis",
         pool_size: int = 32,
         command_timeout_s: float = 0.5,
+        max_idle_s: float = 30.0,
         max_redirects: int = 3,
         min_refresh_interval_s: float = 1.0,
         node_backend: Callable[[str, str], NodeBackend] | None = None,
@@ -239,6 +241,7 @@ class ClusterBackend:
         self._name = name
         self._pool_size = pool_size
         self._timeout_s = command_timeout_s
+        self._max_idle_s = max_idle_s
         self._max_redirects = max_redirects
         self._min_refresh_s = min_refresh_interval_s
         self._factory = node_backend or self._resp_node
@@ -286,7 +289,7 @@ class ClusterBackend:
 
     def _resp_node(self, url: str, name: str) -> NodeBackend:
         return RespBackend(url, name=name, pool_size=self._pool_size,
-                           command_timeout_s=self._timeout_s)
+                           command_timeout_s=self._timeout_s, max_idle_s=self._max_idle_s)
 
     def _node(self, address: str) -> NodeBackend:
         node = self._nodes.get(address)

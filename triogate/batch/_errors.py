@@ -13,6 +13,14 @@ Gateway code catches these; it never subclasses them.
 
 from __future__ import annotations
 
+#: Error replies that say "not now" rather than "never": the command was not applied and
+#: the same command may succeed later (a server loading its data, a replica not yet
+#: promoted, memory full, a script busy, a cluster reconfiguring).
+TRANSIENT_REPLIES = frozenset(
+    {"LOADING", "READONLY", "OOM", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN",
+     "NOREPLICAS"}
+)
+
 
 class BatchError(Exception):
     """Base class of every error :mod:`triogate.batch` raises on purpose."""
@@ -47,6 +55,16 @@ class CommandError(BatchError):
     def is_noscript(self) -> bool:
         """Whether the server did not know the script's SHA (``EVALSHA`` → NOSCRIPT)."""
         return self.reply.startswith("NOSCRIPT")
+
+    @property
+    def is_transient(self) -> bool:
+        """Whether the reply's class says the command was refused for now, not for good.
+
+        ``LOADING``, ``READONLY``, ``OOM``, ``BUSY``, ``TRYAGAIN``, ``CLUSTERDOWN``,
+        ``MASTERDOWN`` and ``NOREPLICAS`` (the first word of the reply, exactly: ``BUSYKEY``
+        is permanent). A write refused so may be retried unchanged.
+        """
+        return self.reply.split(" ", 1)[0] in TRANSIENT_REPLIES
 
 
 class BatchClosed(BatchError, RuntimeError):

@@ -74,7 +74,10 @@ async def _send_pipeline(
     replies = await _execute(backend, [commands[i].wire() for i in indices], indices, sent, False)
     retry: list[int] = []
     for i, reply in zip(indices, replies, strict=True):
-        if isinstance(reply, CommandError) and reply.is_noscript and commands[i].script:
+        script = commands[i].script
+        # A source-less script (replayed from a journal, not in the registry) cannot be
+        # EVALed: its NOSCRIPT goes to its owner.
+        if isinstance(reply, CommandError) and reply.is_noscript and script and script.source:
             retry.append(i)
         else:
             deliver(i, reply)

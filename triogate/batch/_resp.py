@@ -11,6 +11,16 @@ Invariants:
       so a half-read reply can never be mistaken for the next pipeline's.
     * Every ``execute`` is bounded by ``command_timeout_s`` (pool wait, connect, send and
       read together) and fails with :class:`BackendUnavailable`, never hangs.
+    * A pooled connection is checked before reuse: one idle for longer than
+      ``max_idle_s`` is closed (a NAT or firewall may have dropped its flow without a
+      word), and one whose socket is readable while idle is closed too (the server
+      closed it: its ``timeout``, ``CLIENT KILL``, a restart; a poll, no round trip).
+    * A *reused* connection that fails before a single reply byte arrived (the send
+      failed, or EOF/reset before any reply) is retried once on a fresh connection,
+      within the same ``command_timeout_s``: a stale connection costs no failed round.
+      Once a reply byte arrived nothing is retried (the server was executing). A
+      command sent on a connection the server then closed unread may in rare races
+      have been executed: every write the gateway sends is idempotent by request id.
 """
 
 from __future__ import annotations
@@ -44,18 +54,30 @@ class BackendStatistics:
     failures: int
     connections_open: int
     connections_idle: int
+    #: Pooled connections closed before reuse (idle too long, or closed by the server).
+    stale_discarded: int = 0
+    #: Pipelines re-sent on a fresh connection after a reused one failed unread.
+    stale_retries: int = 0
+
+
+_DISCONNECTED = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 class _Connection:
     """One socket and its reply parser."""
 
-    __slots__ = ("reader", "stream")
+    __slots__ = ("idle_since", "reader", "received", "stream")
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.reader = hiredis.Reader(replyError=CommandError)
+        #: Trio time this connection went back to the pool.
+        self.idle_since = 0.0
+        #: Whether the last roundtrip got any reply byte.
+        self.received = False
 
     async def roundtrip(self, packed: bytes, count: int) -> list[object]:
+        self.received = False
         await self.stream.send_all(packed)
         replies: list[object] = []
         reader = self.reader
@@ -65,10 +87,24 @@ class _Connection:
                 data = await self.stream.receive_some(_RECEIVE_BYTES)
                 if not data:
                     raise trio.BrokenResourceError("server closed the connection")
+                self.received = True
                 reader.feed(bytes(data))
                 continue
             replies.append(reply)
         return replies
+
+    def looks_closed(self) -> bool:
+        """Whether the idle socket is readable: EOF, a reset, or bytes nobody asked for
+        (a server says goodbye so). Sync: one ``poll`` with a zero timeout."""
+        stream = self.stream
+        while isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        if isinstance(stream, trio.SocketStream):
+            try:
+                return stream.socket.is_readable()
+            except OSError:
+                return True
+        return False
 
     def close_nowait(self) -> None:
         """Close synchronously: usable in ``finally`` blocks under cancellation."""
@@ -88,6 +124,7 @@ class RespBackend:
         name: label for traces and errors.
         pool_size: most connections open at once; more concurrent pipelines wait.
         command_timeout_s: bound on one ``execute`` (pool wait + connect + round trip).
+        max_idle_s: a pooled connection idle for longer is closed instead of reused.
     """
 
     def __init__(
@@ -97,8 +134,12 @@ class RespBackend:
         name: str = "redis",
         pool_size: int = 32,
         command_timeout_s: float = 0.5,
+        max_idle_s: float = 30.0,
     ) -> None:
         self._address = RedisAddress.from_url(url)
+        self._max_idle_s = max_idle_s
+        self._stale = 0
+        self._retries = 0
         self._url = redact_url(url)
         self._name = name
         self._timeout_s = command_timeout_s
@@ -132,19 +173,8 @@ class RespBackend:
         with trio.move_on_after(self._timeout_s) as timeout:
             try:
                 async with self._slots:
-                    conn = self._idle.pop() if self._idle else await self._connect()
-                    ok = False
-                    try:
-                        replies = await conn.roundtrip(packed, len(commands))
-                        ok = True
-                    finally:
-                        if ok and not self._closed:
-                            self._idle.append(conn)
-                        else:
-                            self._open -= 1
-                            conn.close_nowait()
-                return replies
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    return await self._send(packed, len(commands))
+            except _DISCONNECTED as exc:
                 self._failures += 1
                 raise BackendUnavailable(self._name, f"{type(exc).__name__}: {exc}") from exc
             except hiredis.ProtocolError as exc:
@@ -153,6 +183,52 @@ class RespBackend:
         assert timeout.cancelled_caught
         self._failures += 1
         raise BackendUnavailable(self._name, f"no reply within {self._timeout_s} s")
+
+    async def _send(self, packed: bytes, count: int) -> list[object]:
+        conn = self._take_idle()
+        if conn is None:
+            return await self._use(await self._connect(), packed, count)
+        try:
+            return await self._use(conn, packed, count)
+        except _DISCONNECTED:
+            if conn.received:
+                raise  # the server was answering: it may have executed; not ours to retry
+        # The reused connection died before any reply: the server closed it while idle.
+        self._retries += 1
+        return await self._use(await self._connect(), packed, count)
+
+    async def _use(self, conn: _Connection, packed: bytes, count: int) -> list[object]:
+        ok = False
+        try:
+            replies = await conn.roundtrip(packed, count)
+            ok = True
+            return replies
+        finally:
+            if ok and not self._closed:
+                conn.idle_since = trio.current_time()
+                self._idle.append(conn)
+            else:
+                self._open -= 1
+                conn.close_nowait()
+
+    def _take_idle(self) -> _Connection | None:
+        """The most recently used live idle connection; drops stale ones (sync)."""
+        now = trio.current_time()
+        idle = self._idle
+        # The oldest sit at the front: expire them first, whoever asks.
+        while idle and now - idle[0].idle_since > self._max_idle_s:
+            self._discard(idle.pop(0))
+        while idle:
+            conn = idle.pop()
+            if not conn.looks_closed():
+                return conn
+            self._discard(conn)
+        return None
+
+    def _discard(self, conn: _Connection) -> None:
+        self._stale += 1
+        self._open -= 1
+        conn.close_nowait()
 
     async def _connect(self) -> _Connection:
         stream = await _open_stream(self._address)
@@ -202,6 +278,8 @@ class RespBackend:
             failures=self._failures,
             connections_open=self._open,
             connections_idle=len(self._idle),
+            stale_discarded=self._stale,
+            stale_retries=self._retries,
         )
 
     async def aclose(self) -> None:

@@ -7,14 +7,25 @@ to the :class:`Settler`, a task of the app nursery.
 
 Group commit: the settler sends everything queued as one pipeline per backend. Batches
 that close while a flush is in flight leave together in the next one, so under load
-many requests share one network round trip. A pipeline that fails as a whole has its
-batches journaled (``_journal.py``) and replayed once the backend answers again.
+many requests share one network round trip.
+
+What happens to a write that does not land, by its reply:
+
+* the pipeline failed (refused, reset, timed out) or a *transient* error reply
+  (``LOADING``, ``READONLY``, ``OOM``, ``BUSY``, ``TRYAGAIN``, ``CLUSTERDOWN``,
+  ``MASTERDOWN``, ``NOREPLICAS``): journaled (``_journal.py``) and replayed, in chunks,
+  until it is applied (``_replay.py``);
+* a permanent error reply: a dead letter (``_deadletter.py``), logged with its owner;
+* a write declared with ``journal=False`` (a cache SET: losing it costs a cache miss) is
+  neither: it is logged and dropped.
+
 Shutdown calls :meth:`Settler.wait_drained` before cancelling the settler.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
@@ -22,10 +33,12 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
+from ._deadletter import DeadLetter
 from ._errors import BackendUnavailable, BatchClosed, CommandError
 from ._flush import send_round
 from ._handle import Handle
 from ._journal import JournalEntry
+from ._replay import replay_pass
 from ._scope import make_command
 from ._tracer import AFTER, FlushRecord
 
@@ -34,12 +47,21 @@ if TYPE_CHECKING:
 
     from ._backend import Backend
     from ._command import Arg, Command
+    from ._deadletter import DeadLetterFile
     from ._flush import PipelineSent
     from ._journal import Journal
     from ._scripts import Script
     from ._tracer import Tracer
 
 logger = logging.getLogger("triogate.batch.settler")
+
+#: Bound on every shielded wait of the settler (journal and dead-letter writes at the end
+#: of a flush or on cancellation): a hung disk must not hang shutdown.
+SHIELD_TIMEOUT_S = 5.0
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @final
@@ -57,6 +79,9 @@ class SettlerStatistics:
         journaled: batch-backend entries written to the journal.
         replayed: journal entries replayed successfully.
         journal_pending: journal entries still waiting for their backend.
+        journal_bytes: encoded size of those entries.
+        dead_lettered: commands written to the dead-letter file.
+        retried: commands journaled for a transient error reply (not a failed pipeline).
     """
 
     queued: int
@@ -68,6 +93,9 @@ class SettlerStatistics:
     journaled: int
     replayed: int
     journal_pending: int
+    journal_bytes: int
+    dead_lettered: int
+    retried: int
 
 
 @final
@@ -78,6 +106,7 @@ class PostCallBatch:
     trace_id: str
     _settler: Settler
     _handles: list[Handle[Any]]
+    _replay: list[tuple[bool, int | None]]
     _closed: bool
     _rounds: int
     _settled: trio.Event
@@ -91,6 +120,7 @@ class PostCallBatch:
         self._settler = settler
         self.trace_id = trace_id
         self._handles = []
+        self._replay = []
         self._closed = False
         self._rounds = 0
         self._settled = trio.Event()
@@ -104,11 +134,20 @@ class PostCallBatch:
         args: Iterable[Arg] = (),
         backend: str = "default",
         owner: str,
+        journal: bool = True,
+        replay_window_ms: int | None = None,
     ) -> Handle[Any]:
         """Declare a write; it leaves when the batch closes. Sync; never blocks.
 
         The command must be idempotent by request id (see ``_journal.py``): it may be
         replayed after an outage.
+
+        Args:
+            journal: False for a write not worth keeping when it cannot land (a cache
+                SET): it is never journaled nor dead-lettered.
+            replay_window_ms: how long after it was journaled the write may still be
+                replayed (the lifetime of the marker that makes it idempotent); older, it
+                is dead-lettered instead. None: no limit.
 
         Raises:
             BatchClosed: the batch has closed.
@@ -119,6 +158,7 @@ class PostCallBatch:
         command = make_command(target, keys, args, backend, owner, self._settler._backends)
         handle = Handle._create(command, self)
         self._handles.append(handle)
+        self._replay.append((journal, replay_window_ms))
         return handle
 
     @property
@@ -152,7 +192,8 @@ async def open_post_call_batch(
     The body (the request's success or failure callbacks) runs in a cancel scope with a
     deadline of ``deadline_s``: when it expires, the callbacks are cancelled and what was
     declared so far leaves anyway. With ``shield`` (the default), cancelling the request
-    does not cancel its settlement; the deadline still bounds it. The hand-off is sync,
+    does not cancel its settlement; the deadline still bounds it (a shield always has
+    one). The hand-off is sync,
     so it happens even on error or cancellation. Exit is not a checkpoint.
     """
     batch = PostCallBatch._create(settler, trace_id)
@@ -172,10 +213,16 @@ class Settler:
         backends: backend name → backend, as for batch scopes.
         tracer: receives a record per trace and pipeline (phase ``"after"``).
         journal: where failed batches go; None to fail their handles instead.
+        dead_letters: where writes given up on go; None to log them only.
+        scripts: the registry, by name: a journaled script comes back as a name and a
+            SHA, and is EVALed from here when the server does not know it.
         max_batches_per_flush: bound on one group commit.
         replay_interval_s: how often to retry journal replay while entries wait.
+        replay_chunk_commands: about how many commands one replay round carries.
+        replay_max_chunks: chunks per replay pass (new flushes go between passes).
         on_settled: called (sync) with each batch once it is sent or journaled, e.g. to
             observe its waits in metrics.
+        clock_ms: wall clock (epoch ms) for journal and dead-letter times.
     """
 
     def __init__(
@@ -184,11 +231,22 @@ class Settler:
         *,
         tracer: Tracer | None = None,
         journal: Journal | None = None,
+        dead_letters: DeadLetterFile | None = None,
+        scripts: Iterable[Script] = (),
         max_batches_per_flush: int = 1024,
         replay_interval_s: float = 1.0,
+        replay_chunk_commands: int = 256,
+        replay_max_chunks: int = 16,
         on_settled: Callable[[PostCallBatch], None] | None = None,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
     ) -> None:
         self._backends = backends
+        self._dead_letters = dead_letters
+        self._scripts = {s.name: s for s in scripts}
+        self._chunk_commands = replay_chunk_commands
+        self._max_chunks = replay_max_chunks
+        self._clock_ms = clock_ms
+        self._next_replay = 0.0
         self._on_settled = on_settled
         self._tracer = tracer
         self._journal = journal
@@ -200,7 +258,7 @@ class Settler:
         self._drained = trio.Event()
         self._drained.set()
         self._flushes = self._pipelines = self._batches = self._commands = 0
-        self._journaled = self._replayed = 0
+        self._journaled = self._replayed = self._dead = self._retried = 0
 
     def submit_nowait(self, batch: PostCallBatch) -> None:
         """Queue a closed batch for the next flush (sync; never blocks)."""
@@ -223,12 +281,18 @@ class Settler:
                     batches = self._queue[: self._max_batches]
                     del self._queue[: self._max_batches]
                     await self._flush(batches)
-                if self._journal_pending():
-                    await self._replay()
+                # Replay at most every replay_interval_s while it makes no progress (a
+                # down backend must not cost every flush a second timeout), at once
+                # while it does (a long journal goes chunk by chunk, flushes between).
+                now = trio.current_time()
+                if self._journal_pending() and now >= self._next_replay:
+                    progressed = await self._replay()
+                    self._next_replay = now + (0 if progressed else self._replay_interval_s)
                 if self._queue:
                     continue
                 self._drained.set()
-                timeout = self._replay_interval_s if self._journal_pending() else float("inf")
+                timeout = (max(0.0, self._next_replay - trio.current_time())
+                           if self._journal_pending() else float("inf"))
                 with trio.move_on_after(timeout):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
@@ -237,8 +301,11 @@ class Settler:
             # rather than lose it.
             if self._queue:
                 queued, self._queue = self._queue, []
-                with trio.CancelScope(shield=True):
+                with trio.move_on_after(SHIELD_TIMEOUT_S, shield=True) as cs:
                     await self._abandon(queued)
+                if cs.cancelled_caught:
+                    logger.error("journaling %d queued batches took over %s s",
+                                 len(queued), SHIELD_TIMEOUT_S)
             if self._journal is not None:
                 self._journal.close()
             self._drained.set()
@@ -261,6 +328,9 @@ class Settler:
             journaled=self._journaled,
             replayed=self._replayed,
             journal_pending=len(self._journal.pending) if self._journal else 0,
+            journal_bytes=self._journal.size_bytes if self._journal else 0,
+            dead_lettered=self._dead,
+            retried=self._retried,
         )
 
     def _journal_pending(self) -> bool:
@@ -270,22 +340,29 @@ class Settler:
         handles = [h for b in batches for h in b._handles]
         owners = [b for b in batches for _ in b._handles]
         commands = [h._command for h in handles]
+        policies = [p for b in batches for p in b._replay]
         self._in_flight = len(batches)
         self._flushes += 1
         self._commands += len(commands)
         for batch in batches:
             batch._rounds += 1
         failed: list[int] = []
+        dead: list[DeadLetter] = []
 
         def deliver(i: int, reply: object) -> None:
             handle = handles[i]
             if isinstance(reply, BackendUnavailable):
                 failed.append(i)
+            elif isinstance(reply, CommandError) and reply.is_transient:
+                failed.append(i)
+                self._retried += policies[i][0]
             elif isinstance(reply, CommandError):
-                logger.warning(
-                    "post-call %s of %s failed: %s", commands[i].label, commands[i].owner,
-                    reply.reply,
-                )
+                if policies[i][0]:
+                    dead.append(DeadLetter(at_ms=self._clock_ms(), trace_id=owners[i].trace_id,
+                                           command=commands[i], reason=reply.reply))
+                else:
+                    logger.warning("post-call %s of %s failed: %s", commands[i].label,
+                                   commands[i].owner, reply.reply)
             handle._set(reply)
 
         def sent(pipeline: PipelineSent) -> None:
@@ -301,8 +378,14 @@ class Settler:
                 handles[i]._set(BackendUnavailable("*", "settler cancelled"))
             failed.extend(undelivered)
             if failed:
-                with trio.CancelScope(shield=True):
-                    await self._journal_failed(failed, owners, commands)
+                # The backend just failed or refused: the next replay waits an interval.
+                self._next_replay = trio.current_time() + self._replay_interval_s
+            if failed or dead:
+                with trio.move_on_after(SHIELD_TIMEOUT_S, shield=True) as cs:
+                    await self._journal_failed(failed, owners, commands, policies, dead)
+                if cs.cancelled_caught:
+                    logger.error("journal or dead-letter write took over %s s",
+                                 SHIELD_TIMEOUT_S)
             for batch in batches:
                 batch._settled.set()
                 if self._on_settled is not None:
@@ -340,42 +423,96 @@ class Settler:
         for handle in handles:
             handle._set(BackendUnavailable("*", "settler stopped"))
         await self._journal_failed(
-            list(range(len(handles))), owners, [h._command for h in handles]
+            list(range(len(handles))), owners, [h._command for h in handles],
+            [p for b in batches for p in b._replay],
         )
         for batch in batches:
             batch._settled.set()
 
     async def _journal_failed(
-        self, failed: list[int], owners: list[PostCallBatch], commands: list[Command]
+        self,
+        failed: list[int],
+        owners: list[PostCallBatch],
+        commands: list[Command],
+        policies: list[tuple[bool, int | None]],
+        dead: list[DeadLetter] | None = None,
     ) -> None:
-        if self._journal is None:
-            logger.error("post-call writes lost: %d commands and no journal", len(failed))
+        """Journal the durable ``failed`` commands and write ``dead``, in one thread job."""
+        letters = list(dead or ())
+        durable = [i for i in sorted(set(failed)) if policies[i][0]]
+        if len(durable) < len(set(failed)):
+            logger.info("dropped %d post-call writes not worth journaling (cache)",
+                        len(set(failed)) - len(durable))
+        journal_data = b""
+        if durable and self._journal is None:
+            logger.error("post-call writes lost: %d commands and no journal", len(durable))
+        elif durable and self._journal is not None:
+            grouped: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for i in durable:
+                grouped[(owners[i].trace_id, commands[i].backend)].append(i)
+            now_ms = self._clock_ms()
+            entries = [
+                JournalEntry(t, b, tuple(commands[i] for i in ix), now_ms,
+                             tuple(policies[i][1] for i in ix))
+                for (t, b), ix in grouped.items()
+            ]
+            refused, journal_data = self._journal.stage(entries)
+            self._journaled += len(entries) - len(refused)
+            letters += [
+                DeadLetter(at_ms=now_ms, trace_id=e.trace_id, command=c, written_ms=now_ms,
+                           reason=f"journal full ({self._journal.max_bytes} bytes)")
+                for e in refused for c in e.commands
+            ]
+            logger.warning("journaled %d post-call batches: backend unavailable or busy",
+                           len(entries) - len(refused))
+        await self._persist(journal_data, letters)
+
+    async def _write_dead(self, letters: list[DeadLetter]) -> None:
+        await self._persist(b"", letters)
+
+    async def _persist(self, journal_data: bytes, letters: list[DeadLetter]) -> None:
+        """Make journal bytes and dead letters durable in one worker-thread job.
+
+        The job is abandoned, not interrupted, when a deadline cancels the wait: once
+        started it finishes its writes whatever happens to the waiter, so a shield's
+        deadline bounds the wait without losing the write.
+        """
+        self._dead += len(letters)
+        dead_data = b""
+        if letters and self._dead_letters is None:
+            for letter in letters:
+                logger.error("post-call %s of %r for %s given up: %s", letter.command.label,
+                             letter.command.owner, letter.trace_id, letter.reason)
+        elif letters and self._dead_letters is not None:
+            dead_data = self._dead_letters.stage(letters)
+        if not journal_data and not dead_data:
             return
-        grouped: dict[tuple[str, str], list[Command]] = defaultdict(list)
-        for i in sorted(set(failed)):
-            grouped[(owners[i].trace_id, commands[i].backend)].append(commands[i])
-        entries = [JournalEntry(t, b, tuple(c)) for (t, b), c in grouped.items()]
-        await self._journal.append(entries)
-        self._journaled += len(entries)
-        logger.warning("journaled %d post-call batches: backend unavailable", len(entries))
+        journal, dead_file = self._journal, self._dead_letters
 
-    async def _replay(self) -> None:
-        """Re-send journaled entries; forget those whose pipeline got through."""
+        def write() -> None:
+            if journal_data and journal is not None:
+                journal.write_staged_sync(journal_data)
+            if dead_data and dead_file is not None:
+                dead_file.write_staged_sync(dead_data)
+
+        await trio.to_thread.run_sync(write, abandon_on_cancel=True)
+
+    async def _replay(self) -> bool:
+        """One replay pass (``_replay.py``): forget what landed, dead-letter what never will.
+
+        Returns whether the pass settled anything and its backend kept answering (so
+        another pass may follow at once).
+        """
         assert self._journal is not None
-        entries = [e for e in self._journal.pending if e.backend in self._backends]
-        commands = [c for e in entries for c in e.commands]
-        entry_of = [e for e in entries for _ in e.commands]
-        lost: set[int] = set()
-
-        def deliver(i: int, reply: object) -> None:
-            if isinstance(reply, BackendUnavailable):
-                lost.add(id(entry_of[i]))
-            elif isinstance(reply, CommandError):
-                logger.warning("replayed %s failed: %s", commands[i].label, reply.reply)
-
-        await send_round(commands, self._backends, deliver)
-        done = [e for e in entries if id(e) not in lost]
-        if done:
-            self._replayed += len(done)
-            await self._journal.forget(done)
-            logger.info("replayed %d journal entries", len(done))
+        result = await replay_pass(
+            self._journal, self._backends, self._scripts, now_ms=self._clock_ms(),
+            chunk_commands=self._chunk_commands, max_chunks=self._max_chunks,
+        )
+        self._replayed += result.entries_done
+        await self._write_dead(result.dead)
+        if result.done:
+            await self._journal.forget(result.done, remainders=result.remainders)
+        if result.entries_done:
+            logger.info("replayed %d journal entries (%d commands applied)",
+                        result.entries_done, result.applied)
+        return not result.stopped and (result.applied > 0 or bool(result.dead))

@@ -390,6 +390,8 @@ class ResponseCache:
                         self.max_entry_bytes)
             return False
         ttl_ms = max(1, round((control.ttl_s or self.ttl_s) * 1000))
+        # Never journaled: a lost SET costs one cache miss; journaled, up to max_entry_bytes
+        # per request of disk and memory while Redis is down.
         post.call("SET", keys=[key], args=[value, "PX", ttl_ms], backend=self.backend,
-                  owner=OWNER)
+                  owner=OWNER, journal=False)
         return True

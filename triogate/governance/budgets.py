@@ -366,6 +366,8 @@ def settle(
                 ),
                 backend=reservation.backend,
                 owner=OWNER,
+                # A replay after the marker expired would charge twice.
+                replay_window_ms=reservation.marker_ttl_ms,
             )
         )
     return tuple(handles)

@@ -389,6 +389,8 @@ def settle(
                 ],
                 backend=admission.backend,
                 owner=OWNER,
+                # A replay after the marker expired would count twice.
+                replay_window_ms=admission.marker_ttl_ms,
             )
         )
     return tuple(handles)

@@ -412,6 +412,7 @@ class Router:
                 ],
                 backend=self._backend,
                 owner=OWNER,
+                replay_window_ms=MARKER_TTL_MS,
             )
         if success_id is not None and usage_tokens:
             self.mirror.note_tokens(success_id, now_ms=now_ms, tokens=usage_tokens)

@@ -88,8 +88,8 @@ async def open_store(
         await threads.run("create schema", create_schema, engine)
         yield Store._create(engine, threads, now_ms)
     finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(engine.dispose)
+        with trio.move_on_after(10, shield=True):  # a hung database must not hang exit
+            await trio.to_thread.run_sync(engine.dispose, abandon_on_cancel=True)
 
 
 @final

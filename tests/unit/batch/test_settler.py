@@ -99,7 +99,7 @@ async def test_shutdown_drains_pending_batches(autojump_clock: MockClock) -> Non
 
 
 async def test_a_failed_flush_is_journaled_and_replayed(
-    autojump_clock: MockClock, tmp_path: Path
+    file_clock: MockClock, tmp_path: Path
 ) -> None:
     inner = RecordingBackend()
     backend = FaultyBackend(inner)
@@ -124,7 +124,7 @@ async def test_a_failed_flush_is_journaled_and_replayed(
 
 
 async def test_cancelling_the_settler_journals_what_was_queued(
-    autojump_clock: MockClock, tmp_path: Path
+    file_clock: MockClock, tmp_path: Path
 ) -> None:
     backend = RecordingBackend(delay_s=5)
     settler = Settler({"default": backend}, journal=Journal(tmp_path))
