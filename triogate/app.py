@@ -158,6 +158,9 @@ async def open_gateway(
                                       1.0 if health.redis_ok else 0.0),
                 "triogate_spend_log_queue": ("Spend-log rows waiting to be written.",
                                              spend_logs.statistics().queued),
+                "triogate_spend_log_dead_letters": (
+                    "Spend-log rows the database refused for their data, set aside.",
+                    spend_logs.statistics().dead_lettered),
             }
 
         metrics = Metrics(gauges)

@@ -39,6 +39,12 @@ class StoreConflict(StoreError):
     """Raised by the store's ``create_*`` methods when the id (or key) already exists."""
 
 
+class StoreDataError(StoreError):
+    """The database refused the data itself (a NUL byte in a PostgreSQL string, a number
+    out of range): the same statement with the same values fails again, however often it
+    is retried. Every other :class:`StoreError` may be transient."""
+
+
 @final
 class SqlThreads:
     """The store's worker threads: a capacity limit plus error mapping.
@@ -62,12 +68,17 @@ class SqlThreads:
 
         Raises:
             StoreConflict: a unique constraint refused the write.
+            StoreDataError: the values themselves were refused (retrying cannot help).
             StoreError: any other database or I/O failure.
         """
         try:
             return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
         except sqlalchemy.exc.IntegrityError as exc:
             raise StoreConflict(self.message(op, exc)) from exc
+        except (sqlalchemy.exc.DataError, OverflowError) as exc:
+            # OverflowError: sqlite3 refuses an int beyond 64 bits before SQLAlchemy
+            # sees it, so it arrives unwrapped.
+            raise StoreDataError(self.message(op, exc)) from exc
         except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
             raise StoreError(self.message(op, exc)) from exc
 
