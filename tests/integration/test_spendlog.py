@@ -182,3 +182,43 @@ async def test_a_row_the_database_refuses_does_not_stop_the_others(
     assert sorted(r.request_id for r in dead) == refused
     assert writer.statistics().dead_lettered == len(refused)
     assert writer.statistics().queued == 0
+
+
+async def test_a_ping_keeps_its_deadline_when_postgres_hangs(
+    postgres_proxy: tuple[TcpProxy, str], tmp_path: Path
+) -> None:
+    """Readiness bounds its database check; a database that accepts and never answers
+    (a silent network) must not hold it, nor pile up threads."""
+    proxy, url = postgres_proxy
+    with trio.fail_after(60):
+        async with open_store(url, state_dir=tmp_path) as store:
+            await store.ping()
+            proxy.stall()
+            for _ in range(3):
+                with trio.move_on_after(0.5) as bounded:
+                    await store.ping()
+                assert bounded.cancelled_caught
+            proxy.resume()
+            while True:  # the abandoned probe finishes, then pings answer again
+                with trio.move_on_after(1):
+                    await store.ping()
+                    break
+
+
+async def test_statements_have_a_server_side_timeout(
+    store: Store, sql_target: SqlTarget
+) -> None:
+    if sql_target.dialect != "postgresql":
+        pytest.skip("statement_timeout is PostgreSQL's")
+
+    def show() -> str:
+        with store.engine.connect() as conn:
+            return str(conn.execute(sa.text("SHOW statement_timeout")).scalar())
+
+    assert await trio.to_thread.run_sync(show) == "30s"
+    assert await trio.to_thread.run_sync(_search_path, store) == sql_target.schema
+
+
+def _search_path(store: Store) -> str:
+    with store.engine.connect() as conn:
+        return str(conn.execute(sa.text("SELECT current_schema()")).scalar())

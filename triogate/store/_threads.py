@@ -56,6 +56,7 @@ class SqlThreads:
 
     def __init__(self, max_threads: int, *, secrets: Iterable[str | None] = ()) -> None:
         self.limiter = trio.CapacityLimiter(max_threads)
+        self._probe_limiter = trio.CapacityLimiter(1)
         self._secrets = tuple(s for s in secrets if s)
 
     async def run(self, op: str, fn: Callable[..., T], *args: object) -> T:
@@ -79,6 +80,22 @@ class SqlThreads:
             # OverflowError: sqlite3 refuses an int beyond 64 bits before SQLAlchemy
             # sees it, so it arrives unwrapped.
             raise StoreDataError(self.message(op, exc)) from exc
+        except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
+            raise StoreError(self.message(op, exc)) from exc
+
+    async def probe(self, op: str, fn: Callable[..., T], *args: object) -> T:
+        """Like :meth:`run`, for a read-only check whose caller's deadline must hold.
+
+        A cancelled caller does not wait for the thread (it is abandoned, and finishes
+        on its own: connect and statement timeouts bound it). One probe thread at most:
+        while an abandoned one still hangs, the next probe waits for it, cancellably,
+        rather than piling threads onto a database that does not answer. Not counted in
+        :attr:`limiter`, so a probe never waits behind a queue of writes either.
+        """
+        try:
+            return await trio.to_thread.run_sync(
+                fn, *args, limiter=self._probe_limiter, abandon_on_cancel=True
+            )
         except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
             raise StoreError(self.message(op, exc)) from exc
 
