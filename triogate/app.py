@@ -158,6 +158,9 @@ async def open_gateway(
                                       1.0 if health.redis_ok else 0.0),
                 "triogate_spend_log_queue": ("Spend-log rows waiting to be written.",
                                              spend_logs.statistics().queued),
+                "triogate_unannounced_changes": (
+                    "Admin changes waiting for Redis to be announced.",
+                    identities.unannounced),
                 "triogate_spend_log_dead_letters": (
                     "Spend-log rows the database refused for their data, set aside.",
                     spend_logs.statistics().dead_lettered),
@@ -197,6 +200,7 @@ async def open_gateway(
                 drain.deadline = trio.current_time() + settings.shutdown_grace_s
                 await settler.wait_drained()
                 await spend_logs.wait_drained()
+                await identities.wait_announced()
             if drain.cancelled_caught:
                 # Nothing is lost: the settler journals and the writer spills what is left.
                 logger.error("not drained within the grace period; journaling the rest")

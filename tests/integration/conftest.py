@@ -165,8 +165,11 @@ class TcpProxy:
                 await nursery.start(trio.serve_listeners, self._handle, listeners)
                 task_status.started(scope)
 
+    async def _open_upstream(self) -> trio.SocketStream:
+        return await trio.open_tcp_stream(*self._target)
+
     async def _handle(self, client: trio.SocketStream) -> None:
-        async with client, await trio.open_tcp_stream(*self._target) as upstream:
+        async with client, await self._open_upstream() as upstream:
 
             async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
                 while data := await src.receive_some(65536):
