@@ -103,8 +103,10 @@ async def open_gateway(
     settings = config.settings
     async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
         url = settings.redis.url
+        embedded = None
         if url is None:
-            url = await stack.enter_async_context(open_embedded_server(state_dir / "redis"))
+            embedded = await stack.enter_async_context(open_embedded_server(state_dir / "redis"))
+            url = embedded.url
         backend: RespBackend | ClusterBackend
         if ClusterBackend.is_cluster_url(url):
             backend = ClusterBackend(url, name="redis", pool_size=settings.redis.pool_size,
@@ -116,7 +118,13 @@ async def open_gateway(
         await load_scripts(backend)
         backends = dict.fromkeys(BACKEND_NAMES, backend)
         tracer = MemoryTracer() if settings.tracing else None
-        health = Health()
+        health = Health(liveness_grace_s=settings.redis.liveness_grace_s)
+        if embedded is not None:
+            # A restarted server has no scripts: load them again so the first request
+            # after it still costs one wait (NOSCRIPT → EVAL would cover it anyway).
+            embedded.add_restart_hook(partial(load_scripts, backend))
+            health.embedded_down_since = embedded.down_since
+            nursery.start_soon(embedded.supervise)
         metrics_box: list[Metrics] = []
 
         def settled(batch: PostCallBatch) -> None:
@@ -170,6 +178,12 @@ async def open_gateway(
                 "triogate_deployments_cooling_down": (
                     "Deployments this process knows to be cooling down.",
                     router.mirror.cooling(clock_ms())),
+                "triogate_unannounced_changes": (
+                    "Admin changes waiting for Redis to be announced.",
+                    identities.unannounced),
+                "triogate_spend_log_dead_letters": (
+                    "Spend-log rows the database refused for their data, set aside.",
+                    spend_logs.statistics().dead_lettered),
             }
 
         metrics = Metrics(gauges)
@@ -206,6 +220,7 @@ async def open_gateway(
                 drain.deadline = trio.current_time() + settings.shutdown_grace_s
                 await settler.wait_drained()
                 await spend_logs.wait_drained()
+                await identities.wait_announced()
             if drain.cancelled_caught:
                 # Nothing is lost: the settler journals and the writer spills what is left.
                 logger.error("not drained within the grace period; journaling the rest")

@@ -135,6 +135,8 @@ class RedisSettings:
     url: str | None = attrs.field(default=None, repr=False)
     timeout_s: float = attrs.field(default=0.5, validator=_positive)
     pool_size: int = attrs.field(default=64, validator=_positive)
+    #: How long the embedded server (no ``url``) may not answer before liveness fails.
+    liveness_grace_s: float = attrs.field(default=30.0, validator=_positive)
 
 
 @attrs.frozen(kw_only=True)

@@ -7,12 +7,25 @@ it needs no Redis installed.
 
 The gateway's own server keeps an append-only file in the state folder, so budgets and
 counters survive a restart; test servers keep nothing.
+
+Its life is the gateway's (:class:`EmbeddedServer`):
+
+* It is forked from the thread that runs the trio loop, never from a worker thread:
+  Linux's parent-death signal fires when the *thread* that forked the child exits, and
+  trio retires idle worker threads after 10 s (which used to kill the server 10 s after
+  start-up). The loop's thread lives exactly as long as the gateway.
+* If it dies anyway (OOM killer, ``kill -9``), it is started again on the same socket
+  (backoff 0.1 s doubling to 5 s) and the gateway's restart hooks run (scripts loaded
+  again); the settler replays its journal by itself once Redis answers.
+* A watchdog pings it every second; :attr:`EmbeddedServer.down_since` says since when it
+  has not answered, which liveness turns into a 503 after a grace period.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -29,7 +42,9 @@ import trio
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+logger = logging.getLogger("triogate.redis_server")
 
 #: Unix socket paths longer than this do not fit in ``sockaddr_un`` on Linux.
 _MAX_SOCKET_PATH = 100
@@ -128,13 +143,20 @@ def _die_with_parent_fn() -> Any:
     The server runs in a session of its own (a terminal's Ctrl-C must not stop it before
     the gateway drains into it), so without this a gateway killed outright would leave it
     running, holding the state folder's append-only file.
+
+    Linux ties the signal to the *thread* that forks: call ``Popen`` with this only from a
+    thread that lives as long as the process (the main thread, trio's loop thread), never
+    from ``trio.to_thread``/``open_process`` (their threads retire after 10 s idle).
     """
     prctl = _resolve_prctl()
     if prctl is None:
         return None
+    parent = os.getpid()
 
     def preexec() -> None:
         prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above: no signal
+            os._exit(1)
 
     return preexec
 
@@ -225,41 +247,191 @@ class SyncServer:
                 self.process.wait()
 
 
+#: Restart backoff after the embedded server died: doubling from the first to the last.
+_RESTART_BACKOFF_S = (0.1, 5.0)
+#: How often the watchdog pings the server, and how long one ping may take.
+_WATCH_INTERVAL_S = 1.0
+
+
+async def ping(socket_path: Path, *, timeout_s: float = 1.0) -> bool:
+    """Whether a server answers on ``socket_path`` (any RESP reply counts: a server still
+    loading its append-only file is alive). Never raises; bounded by ``timeout_s``."""
+    with trio.move_on_after(timeout_s):
+        try:
+            sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+            with sock:
+                await sock.connect(str(socket_path))
+                await sock.send(b"PING\r\n")
+                return (await sock.recv(64))[:1] in (b"+", b"-")
+        except OSError:
+            return False
+    return False
+
+
+@final
+class EmbeddedServer:
+    """The gateway's private server: started, watched, restarted, stopped.
+
+    Use :func:`open_embedded_server`. Attributes:
+        url: the ``unix://`` URL (the same across restarts).
+        restarts: how many times it was started again after dying.
+    """
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.restarts = 0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._down_since: float | None = None
+        self._hooks: list[Callable[[], Awaitable[object]]] = []
+        self._stopping = False
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pid(self) -> int | None:
+        """The running server's pid (None between a death and its restart)."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    def down_since(self) -> float | None:
+        """Since when (``trio.current_time()``) the server has not answered, else None."""
+        return self._down_since
+
+    def add_restart_hook(self, hook: Callable[[], Awaitable[object]]) -> None:
+        """Run ``await hook()`` after every restart (bounded; its errors are logged)."""
+        self._hooks.append(hook)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        # Sync, on purpose, in the trio loop's thread: see the module docstring.
+        if self.spec.socket_path.exists():
+            self.spec.socket_path.unlink()
+        # Its own session: a Ctrl-C at the terminal reaches the gateway, which drains its
+        # writes into this server before stopping it; the server must not stop first.
+        return subprocess.Popen(
+            self.spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent_fn(),
+        )
+
+    async def start(self) -> None:
+        """Start the server and wait until it answers.
+
+        Raises:
+            EmbeddedServerError: it exited, or did not answer within 10 s.
+        """
+        process = self._process = self._spawn()
+        with trio.move_on_after(_START_TIMEOUT_S):
+            while not await ping(self.spec.socket_path, timeout_s=0.5):
+                if process.poll() is not None:
+                    raise _failure(self.spec, f"exited with {process.returncode}")
+                await trio.sleep(0.005)
+            self._down_since = None
+            return
+        await self._terminate()
+        raise _failure(self.spec, "did not answer PING in time")
+
+    async def supervise(self) -> None:
+        """Watch the server; start it again whenever it dies. Runs until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watchdog)
+            while True:
+                await self._wait_exit()
+                if self._stopping:
+                    return
+                if self._down_since is None:
+                    self._down_since = trio.current_time()
+                code = self._process.returncode if self._process is not None else None
+                logger.error("embedded server exited unexpectedly; restarting",
+                             extra={"code": code, "log": str(self.spec.log_path)})
+                await self._restart()
+
+    async def _restart(self) -> None:
+        delay_s, max_delay_s = _RESTART_BACKOFF_S
+        while True:
+            await trio.sleep(delay_s)
+            try:
+                await self.start()
+            except EmbeddedServerError as exc:
+                logger.error("embedded server did not restart: %s", exc)
+                delay_s = min(delay_s * 2, max_delay_s)
+                continue
+            break
+        self.restarts += 1
+        logger.warning("embedded server restarted", extra={"restarts": self.restarts})
+        for hook in self._hooks:
+            with trio.move_on_after(_START_TIMEOUT_S):
+                try:
+                    await hook()
+                except Exception:
+                    logger.exception("embedded server restart hook failed")
+
+    async def _wait_exit(self) -> None:
+        process = self._process
+        assert process is not None
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except (AttributeError, OSError):  # not Linux 5.3+, or already reaped
+            pidfd = None
+        if pidfd is None:
+            while process.poll() is None:  # noqa: ASYNC110 (no fd to wait on)
+                await trio.sleep(0.2)
+            return
+        try:
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
+        process.wait()  # readable: it exited, so this reaps at once
+
+    async def _watchdog(self) -> None:
+        while True:
+            await trio.sleep(_WATCH_INTERVAL_S)
+            if await ping(self.spec.socket_path, timeout_s=_WATCH_INTERVAL_S):
+                self._down_since = None
+            elif self._down_since is None:
+                self._down_since = trio.current_time()
+                logger.warning("embedded server does not answer PING")
+
+    async def _terminate(self) -> None:
+        """SIGTERM (it writes its append-only file), SIGKILL after 5 s; reap."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        with trio.move_on_after(5):
+            await self._wait_exit()
+        if process.poll() is None:
+            process.kill()
+            await self._wait_exit()
+
+    async def stop(self) -> None:
+        """Stop for good (no restart follows)."""
+        self._stopping = True
+        # Bounded: terminate, 5 s, kill; a kill is reaped at once.
+        with trio.move_on_after(10, shield=True):
+            await self._terminate()
+
+
 @asynccontextmanager
 async def open_embedded_server(
     state_dir: Path, *, persistent: bool = True
-) -> AsyncIterator[str]:
-    """Start a private server for the life of the block; yield its ``unix://`` URL.
+) -> AsyncIterator[EmbeddedServer]:
+    """Start a private server for the life of the block; stop it on exit.
+
+    Run :meth:`EmbeddedServer.supervise` in a nursery inside the block to have it watched
+    and restarted (no nursery here: the gateway enters this in an ``AsyncExitStack``
+    beside its app nursery, where a nursery of ours would interleave with it).
 
     Raises:
         EmbeddedServerError: no binary, or it did not start within 10 s.
     """
     spec = server_spec(Path(state_dir), persistent=persistent)
     await trio.to_thread.run_sync(_stop_leftover, spec)
-    if spec.socket_path.exists():
-        spec.socket_path.unlink()
-    # Its own session: a Ctrl-C at the terminal reaches the gateway, which drains its
-    # writes into this server before stopping it; the server must not stop first.
-    process = await trio.lowlevel.open_process(
-        list(spec.argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent_fn(),
-    )
+    server = EmbeddedServer(spec)
     try:
-        with trio.move_on_after(_START_TIMEOUT_S) as cs:
-            while not await trio.to_thread.run_sync(_ping_sync, spec.socket_path):
-                if process.returncode is not None:
-                    raise _failure(spec, f"exited with {process.returncode}")
-                await trio.sleep(0.005)
-        if cs.cancelled_caught:
-            raise _failure(spec, "did not answer PING in time")
-        yield spec.url
+        await server.start()
+        yield server
     finally:
-        # Bounded: terminate, 5 s, kill; a kill is reaped at once.
-        with trio.move_on_after(10, shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with trio.move_on_after(5):
-                    await process.wait()
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
+        await server.stop()

@@ -134,11 +134,22 @@ class TcpProxy:
         self._target = (target_host, target_port)
         self.port = 0
         self._scope: trio.CancelScope | None = None
+        self._flowing = trio.Event()
+        self._flowing.set()
 
     async def up(self) -> None:
         """Listen (on the same port as before, if it was up before)."""
         assert self._scope is None
         self._scope = await self._nursery.start(self._serve)
+
+    def stall(self) -> None:
+        """Keep every connection open but forward nothing (a silent network)."""
+        if self._flowing.is_set():
+            self._flowing = trio.Event()
+
+    def resume(self) -> None:
+        """Forward again after :meth:`stall`."""
+        self._flowing.set()
 
     def down(self) -> None:
         """Stop listening and cut every connection."""
@@ -154,11 +165,15 @@ class TcpProxy:
                 await nursery.start(trio.serve_listeners, self._handle, listeners)
                 task_status.started(scope)
 
+    async def _open_upstream(self) -> trio.SocketStream:
+        return await trio.open_tcp_stream(*self._target)
+
     async def _handle(self, client: trio.SocketStream) -> None:
-        async with client, await trio.open_tcp_stream(*self._target) as upstream:
+        async with client, await self._open_upstream() as upstream:
 
             async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
                 while data := await src.receive_some(65536):
+                    await self._flowing.wait()
                     await dst.send_all(data)
                 await dst.send_eof()
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
 import pytest
 import sqlalchemy as sa
 import trio
 
 from triogate.store import SpendLogRow, SpendLogWriter, open_store
+from triogate.store.spendlog import DEAD_LETTER_FILE, decode_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -149,3 +151,74 @@ async def test_rows_spilled_on_cancellation_are_written_by_the_next_writer_once(
                 nursery.cancel_scope.cancel()
     assert await stored_ids(store) == [f"req-{i}" for i in range(4)]
     assert list(folder.iterdir()) == []
+
+
+async def test_a_row_the_database_refuses_does_not_stop_the_others(
+    store: Store, sql_target: SqlTarget, tmp_path: Path
+) -> None:
+    """PostgreSQL refuses a NUL byte in text (SQLite takes it); both refuse an integer
+    beyond 64 bits. Those rows are set aside; every other row is written."""
+    folder = tmp_path / "spendlog"
+    writer = SpendLogWriter(store, interval_s=0.02, batch_rows=50, fallback_dir=folder)
+    nul = attrs.evolve(row(100), request_id="req-nul", user_id="a\x00b")
+    huge = attrs.evolve(row(101), request_id="req-huge", cost_nanousd=2**70)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            for i in range(20):
+                writer.submit_nowait(row(i))
+            writer.submit_nowait(nul)
+            for i in range(20, 40):
+                writer.submit_nowait(row(i))
+            writer.submit_nowait(huge)
+            await writer.wait_drained()
+            writer.submit_nowait(row(40))  # the queue is not stuck behind them
+            await writer.wait_drained()
+            nursery.cancel_scope.cancel()
+    refused = ["req-huge", "req-nul"] if sql_target.dialect == "postgresql" else ["req-huge"]
+    good = sorted([f"req-{i}" for i in range(41)] + (["req-nul"] if len(refused) == 1 else []))
+    assert await stored_ids(store) == good
+    dead = decode_rows((folder / DEAD_LETTER_FILE).read_bytes())
+    assert sorted(r.request_id for r in dead) == refused
+    assert writer.statistics().dead_lettered == len(refused)
+    assert writer.statistics().queued == 0
+
+
+async def test_a_ping_keeps_its_deadline_when_postgres_hangs(
+    postgres_proxy: tuple[TcpProxy, str], tmp_path: Path
+) -> None:
+    """Readiness bounds its database check; a database that accepts and never answers
+    (a silent network) must not hold it, nor pile up threads."""
+    proxy, url = postgres_proxy
+    with trio.fail_after(60):
+        async with open_store(url, state_dir=tmp_path) as store:
+            await store.ping()
+            proxy.stall()
+            for _ in range(3):
+                with trio.move_on_after(0.5) as bounded:
+                    await store.ping()
+                assert bounded.cancelled_caught
+            proxy.resume()
+            while True:  # the abandoned probe finishes, then pings answer again
+                with trio.move_on_after(1):
+                    await store.ping()
+                    break
+
+
+async def test_statements_have_a_server_side_timeout(
+    store: Store, sql_target: SqlTarget
+) -> None:
+    if sql_target.dialect != "postgresql":
+        pytest.skip("statement_timeout is PostgreSQL's")
+
+    def show() -> str:
+        with store.engine.connect() as conn:
+            return str(conn.execute(sa.text("SHOW statement_timeout")).scalar())
+
+    assert await trio.to_thread.run_sync(show) == "30s"
+    assert await trio.to_thread.run_sync(_search_path, store) == sql_target.schema
+
+
+def _search_path(store: Store) -> str:
+    with store.engine.connect() as conn:
+        return str(conn.execute(sa.text("SELECT current_schema()")).scalar())

@@ -18,8 +18,22 @@ if TYPE_CHECKING:
 
 
 async def liveliness(services: Services, request: Request) -> Response:
-    """The process answers: nothing else is checked."""
+    """The process answers, and its own embedded server (if any) answered recently.
+
+    503 once the embedded server has not answered PING for ``redis.liveness_grace_s``
+    (it is restarted when it dies, so this means it cannot be): a process in that state
+    only serves degraded, and restarting it is the cure. An external Redis being down is
+    readiness' business, never liveness'.
+    """
     await trio.lowlevel.checkpoint()
+    down_since = services.health.embedded_down_since
+    since = down_since() if down_since is not None else None
+    if since is not None:
+        down_s = trio.current_time() - since
+        if down_s > services.health.liveness_grace_s:
+            return Response.json(
+                {"status": "unhealthy",
+                 "redis": f"embedded server not answering for {down_s:.0f} s"}, status=503)
     return Response.json({"status": "alive"})
 
 

@@ -31,6 +31,11 @@ class Health:
     """What readiness reports; flipped by the checks that notice."""
 
     redis_ok: bool = True
+    #: Since when (trio clock) the gateway's own embedded server has not answered, or
+    #: None; unset when Redis is external (its outages are readiness', not liveness').
+    embedded_down_since: Callable[[], float | None] | None = None
+    #: How long the embedded server may not answer before liveness fails.
+    liveness_grace_s: float = 30.0
 
 
 @attrs.frozen(kw_only=True)

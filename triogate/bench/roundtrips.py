@@ -260,7 +260,8 @@ async def run_roundtrips(*, requests: int = 5, work_dir: Path | None = None,
         with tempfile.TemporaryDirectory(prefix="tg-bench-") as folder:
             return await run_roundtrips(requests=requests, work_dir=Path(folder), shapes=shapes)
     results: dict[str, ShapeResult] = {}
-    async with open_embedded_server(work_dir / "redis", persistent=False) as redis_url:
+    async with open_embedded_server(work_dir / "redis", persistent=False) as server:
+        redis_url = server.url
         for strategy in dict.fromkeys(s.strategy for s in shapes):
             config = bench_config(work_dir / strategy, redis_url, strategy)
             async with running_gateway(config) as gateway:

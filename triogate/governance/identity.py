@@ -17,6 +17,13 @@ path bumps the generation, deletes the affected Redis rows and publishes
 which drops its memory entries. While the subscription is down, memory entries live at
 most one second, so the promise holds without it.
 
+An announcement that cannot be made (Redis briefly unreachable, or SQL for a team's keys)
+is not dropped: it waits in an outbox that :meth:`IdentityResolver.run` retries (0.1 s
+doubling to 1 s) until Redis takes it, so a key blocked during a Redis blip is refused
+everywhere about a second after Redis is back, not when caches expire minutes later.
+Shutdown tries once more (:meth:`IdentityResolver.wait_announced`, within the grace
+period); what a killed process still held is lost, and caches expire as before.
+
 Expired entries are kept (until evicted) as *hints*: a refresh after 60 s already
 knows the key's tags, so it needs one MGET, never two. Only a key never seen by this
 process, whose own tags have budgets, costs a second MGET for those tags.
@@ -34,6 +41,7 @@ import orjson
 import trio
 
 from triogate.batch import BackendUnavailable, BatchError, Script
+from triogate.errors import StoreError
 from triogate.governance.decisions import Rejected
 from triogate.governance.from_rows import (
     end_user_principal,
@@ -63,6 +71,8 @@ OWNER = "auth"
 STORE = Script.from_package("triogate.lua", "identity_store.lua")
 #: Memory entries live at most this long while the invalidation channel is down.
 UNSUBSCRIBED_TTL_S = 1.0
+#: Retry delays of announcements that could not be made (doubling).
+OUTBOX_BACKOFF_S = (0.1, 1.0)
 
 _converter = cattrs.Converter()
 _MISSING = "missing"
@@ -151,6 +161,9 @@ class IdentityResolver:
         self._max = max_entries
         self._memory: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._subscribed = False
+        # Changes not announced yet (an ordered set): retried by run().
+        self._outbox: dict[tuple[str, str], None] = {}
+        self._outbox_wake = trio.Event()
         self.sql_loads = 0
         self.redis_reads = 0
 
@@ -367,12 +380,59 @@ class IdentityResolver:
         Also drops this process's memory entries at once.
 
         Raises:
-            BackendUnavailable: Redis did not answer; memory entries elsewhere then
-                expire within their TTL.
+            BackendUnavailable: Redis did not answer. The change waits in the outbox;
+                :meth:`run` announces it once Redis is back.
+            StoreError: finding a team's or user's keys failed; likewise retried.
         """
-        doomed: list[str] = []
         for kind, ident in changes:
             self.forget(kind, ident)
+        try:
+            await self._publish(changes)
+        except (BackendUnavailable, StoreError):
+            for change in changes:
+                self._outbox[change] = None
+            self._outbox_wake.set()
+            raise
+
+    @property
+    def unannounced(self) -> int:
+        """Changes waiting in the outbox."""
+        return len(self._outbox)
+
+    async def wait_announced(self) -> None:
+        """Announce what waits in the outbox now, retrying until done (shutdown: bound
+        it with the grace period)."""
+        delay_s, max_delay_s = OUTBOX_BACKOFF_S
+        while not await self._deliver():
+            await trio.sleep(delay_s)
+            delay_s = min(delay_s * 2, max_delay_s)
+
+    async def _deliver(self) -> bool:
+        """One attempt at the outbox; whether it is empty now."""
+        changes = tuple(self._outbox)
+        if not changes:
+            await trio.lowlevel.checkpoint()
+            return True
+        try:
+            await self._publish(changes)
+        except (BackendUnavailable, StoreError):
+            return False
+        for change in changes:
+            self._outbox.pop(change, None)
+        logger.warning("announced %d admin changes that had waited for Redis", len(changes))
+        return not self._outbox
+
+    async def _run_outbox(self) -> None:
+        while True:
+            while not self._outbox:
+                await self._outbox_wake.wait()
+                self._outbox_wake = trio.Event()
+            # Each attempt is bounded by the backend's command timeout; retried forever.
+            await self.wait_announced()
+
+    async def _publish(self, changes: Sequence[tuple[str, str]]) -> None:
+        doomed: list[str] = []
+        for kind, ident in changes:
             if kind in ("key", "end_user", "tag"):
                 doomed.append(identity_row(kind, ident))
             elif kind in ("team", "user"):
@@ -397,10 +457,16 @@ class IdentityResolver:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         """Listen for changes until cancelled; reconnect with backoff when Redis drops.
+        Meanwhile, announce what waits in the outbox.
 
         Each (re)subscription forgets all of memory: messages may have been missed.
         """
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_outbox)
+            task_status.started()
+            await self._listen()
+
+    async def _listen(self) -> None:
         delay_s = 0.2
         while True:
             try:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from ._threads import StoreConflict as StoreConflict
+from ._threads import StoreDataError as StoreDataError
 from .queries import Store as Store
 from .queries import open_store as open_store
 from .queries_spend import SpendFilter as SpendFilter

@@ -39,6 +39,12 @@ class StoreConflict(StoreError):
     """Raised by the store's ``create_*`` methods when the id (or key) already exists."""
 
 
+class StoreDataError(StoreError):
+    """The database refused the data itself (a NUL byte in a PostgreSQL string, a number
+    out of range): the same statement with the same values fails again, however often it
+    is retried. Every other :class:`StoreError` may be transient."""
+
+
 @final
 class SqlThreads:
     """The store's worker threads: a capacity limit plus error mapping.
@@ -50,6 +56,7 @@ class SqlThreads:
 
     def __init__(self, max_threads: int, *, secrets: Iterable[str | None] = ()) -> None:
         self.limiter = trio.CapacityLimiter(max_threads)
+        self._probe_limiter = trio.CapacityLimiter(1)
         self._secrets = tuple(s for s in secrets if s)
 
     async def run(self, op: str, fn: Callable[..., T], *args: object) -> T:
@@ -62,12 +69,33 @@ class SqlThreads:
 
         Raises:
             StoreConflict: a unique constraint refused the write.
+            StoreDataError: the values themselves were refused (retrying cannot help).
             StoreError: any other database or I/O failure.
         """
         try:
             return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
         except sqlalchemy.exc.IntegrityError as exc:
             raise StoreConflict(self.message(op, exc)) from exc
+        except (sqlalchemy.exc.DataError, OverflowError) as exc:
+            # OverflowError: sqlite3 refuses an int beyond 64 bits before SQLAlchemy
+            # sees it, so it arrives unwrapped.
+            raise StoreDataError(self.message(op, exc)) from exc
+        except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
+            raise StoreError(self.message(op, exc)) from exc
+
+    async def probe(self, op: str, fn: Callable[..., T], *args: object) -> T:
+        """Like :meth:`run`, for a read-only check whose caller's deadline must hold.
+
+        A cancelled caller does not wait for the thread (it is abandoned, and finishes
+        on its own: connect and statement timeouts bound it). One probe thread at most:
+        while an abandoned one still hangs, the next probe waits for it, cancellably,
+        rather than piling threads onto a database that does not answer. Not counted in
+        :attr:`limiter`, so a probe never waits behind a queue of writes either.
+        """
+        try:
+            return await trio.to_thread.run_sync(
+                fn, *args, limiter=self._probe_limiter, abandon_on_cancel=True
+            )
         except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
             raise StoreError(self.message(op, exc)) from exc
 

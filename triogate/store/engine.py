@@ -26,6 +26,14 @@ _SQLITE_BUSY_TIMEOUT_MS = 10_000
 _PG_POOL_SIZE = 5
 _PG_MAX_OVERFLOW = 5
 _PG_CONNECT_TIMEOUT_S = 5
+#: Server-side bound on any one statement (a lock wait included); the URL may set its
+#: own (``?options=-c statement_timeout=...``).
+_PG_STATEMENT_TIMEOUT_MS = 30_000
+#: Waiting for a free pooled connection (SQLAlchemy's default is 30 s).
+_PG_POOL_TIMEOUT_S = 10
+#: Unacknowledged data or silent keep-alives for this long drop the connection (a peer
+#: gone without a FIN), instead of the kernel's ~15 minutes of retransmissions.
+_PG_TCP_USER_TIMEOUT_MS = 30_000
 #: pg_advisory_xact_lock id that serialises schema creation across processes.
 _SCHEMA_LOCK_ID = 0x7472696F67617465 & 0x7FFFFFFFFFFFFFFF  # "triogate"
 
@@ -66,10 +74,17 @@ def make_engine(url: URL) -> tuple[Engine, int]:
             connect_args["connect_timeout"] = _PG_CONNECT_TIMEOUT_S
         if "application_name" not in url.query:
             connect_args["application_name"] = "triogate"
+        for name, value in (("keepalives", 1), ("keepalives_idle", 10),
+                            ("keepalives_interval", 5), ("keepalives_count", 3),
+                            ("tcp_user_timeout", _PG_TCP_USER_TIMEOUT_MS)):
+            if name not in url.query:
+                connect_args[name] = value
+        url = with_statement_timeout(url, _PG_STATEMENT_TIMEOUT_MS)
         engine = sa.create_engine(
             url,
             pool_size=_PG_POOL_SIZE,
             max_overflow=_PG_MAX_OVERFLOW,
+            pool_timeout=_PG_POOL_TIMEOUT_S,
             pool_pre_ping=True,
             pool_recycle=1800,
             connect_args=connect_args,
@@ -84,6 +99,18 @@ def make_engine(url: URL) -> tuple[Engine, int]:
     )
     sa.event.listen(engine, "connect", _sqlite_on_connect)
     return engine, 1 if memory else 5
+
+
+def with_statement_timeout(url: URL, timeout_ms: int) -> URL:
+    """``url`` whose libpq ``options`` set ``statement_timeout`` (kept if already set),
+    beside any other options it has (a ``search_path``...)."""
+    options = url.query.get("options", "")
+    if isinstance(options, tuple):  # given twice: libpq would take the last
+        options = options[-1] if options else ""
+    if "statement_timeout" in options:
+        return url
+    options = f"{options} -c statement_timeout={timeout_ms}".strip()
+    return url.update_query_dict({"options": options})
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: object) -> None:

@@ -127,7 +127,8 @@ class Store:
         return self._engine
 
     async def ping(self) -> None:
-        """``SELECT 1``, for readiness probes.
+        """``SELECT 1``, for readiness probes: a caller's deadline holds even when the
+        database hangs (the probe's thread is abandoned, see ``SqlThreads.probe``).
 
         Raises:
             StoreError: the database is unreachable.
@@ -137,7 +138,7 @@ class Store:
             with self._engine.connect() as conn:
                 conn.execute(sa.select(1)).one()
 
-        await self._threads.run("ping", ping_sync)
+        await self._threads.probe("ping", ping_sync)
 
     # ------------------------------------------------------------- generic entity calls
 

@@ -9,6 +9,13 @@ Never dropped:
 
 * A failed write (database down) keeps its rows at the head of the queue and is retried
   with exponential backoff; rows submitted meanwhile queue behind them.
+* A batch the database refuses for its *data* (:class:`~triogate.store.StoreDataError`:
+  a NUL byte in a PostgreSQL string, a number out of range; or a constraint) would fail
+  the same way forever and hold every later row behind it. It is bisected: halves are
+  written on their own until the rows that cannot be written are isolated; those go to
+  ``dead-letter.jsonl`` in ``fallback_dir`` (same format as a spill file: fix them and
+  rename the file ``spill-<anything>.jsonl`` to have them re-submitted) and the rest
+  flows. Any other error (connection lost, database down, a missing table) is transient.
 * Shutdown calls :meth:`~SpendLogWriter.wait_drained` (bounded by the grace period), then
   cancels ``run``. Rows still queued then are appended to a JSON-lines file in
   ``fallback_dir``, and the next writer that starts with the same folder re-submits them.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import collections
 import fcntl
 import itertools
+import json
 import logging
 import os
 import uuid
@@ -42,12 +50,16 @@ import trio
 
 from triogate.errors import StoreError
 
+from ._threads import StoreConflict, StoreDataError
 from .records import SpendLogRow
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 logger = logging.getLogger("triogate.store.spendlog")
+
+#: Rows the database refused for their data, in ``fallback_dir`` (spill-file format).
+DEAD_LETTER_FILE = "dead-letter.jsonl"
 
 
 class SpendLogSink(Protocol):
@@ -68,6 +80,7 @@ class SpendLogStatistics:
         failures: INSERT attempts that failed (each retried).
         recovered: rows read back from the fallback folder at start.
         spilled: rows written to the fallback folder on exit.
+        dead_lettered: rows the database refused for their data, set aside.
     """
 
     queued: int
@@ -76,11 +89,21 @@ class SpendLogStatistics:
     failures: int
     recovered: int
     spilled: int
+    dead_lettered: int
 
 
 def encode_rows(rows: Sequence[SpendLogRow]) -> bytes:
-    """JSON lines, one row each."""
-    return b"".join(orjson.dumps(attrs.asdict(r, recurse=False)) + b"\n" for r in rows)
+    """JSON lines, one row each (any row: an integer beyond 64 bits, which orjson
+    refuses, is written by the standard library)."""
+    return b"".join(_encode_row(r) + b"\n" for r in rows)
+
+
+def _encode_row(row: SpendLogRow) -> bytes:
+    fields = attrs.asdict(row, recurse=False)
+    try:
+        return orjson.dumps(fields)
+    except TypeError:
+        return json.dumps(fields).encode()
 
 
 def decode_rows(data: bytes, *, source: str = "?") -> list[SpendLogRow]:
@@ -90,10 +113,11 @@ def decode_rows(data: bytes, *, source: str = "?") -> list[SpendLogRow]:
         if not line.strip():
             continue
         try:
-            raw = orjson.loads(line)
+            # The standard library: orjson would read an integer beyond 64 bits as a float.
+            raw = json.loads(line)
             raw["tags"] = tuple(raw.get("tags") or ())
             rows.append(SpendLogRow(**raw))
-        except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             logger.error("skipping unreadable spend-log line %d of %s: %s", number, source, exc)
     return rows
 
@@ -130,14 +154,16 @@ class SpendLogWriter:
         self._min_backoff_s = min_backoff_s
         self._max_backoff_s = max(max_backoff_s, min_backoff_s)
         self._queue: collections.deque[SpendLogRow] = collections.deque()
-        # Rows are written in submission order, so "everything submitted before call X
-        # is written" is simply written >= submitted-at-X.
         self._submitted = 0
         self._written = 0
         self._batches = 0
         self._failures = 0
         self._recovered = 0
         self._spilled = 0
+        self._dead_lettered = 0
+        # Written or set aside: rows leave the queue in order, so "everything submitted
+        # before call X is done" is simply done >= submitted-at-X.
+        self._done = 0
         self._drain_target = 0
         self._wake = trio.Event()
         self._progress = trio.Event()
@@ -153,19 +179,20 @@ class SpendLogWriter:
             self._wake.set()
 
     async def wait_drained(self) -> None:
-        """Wait until every row submitted before this call is written; a checkpoint.
+        """Wait until every row submitted before this call is written (or set aside as
+        a dead letter); a checkpoint.
 
         Asks the writer to flush now rather than at the end of its interval. While the
         database is down this waits for it: bound it with the shutdown grace period.
         Returns early if the writer stops (cancelled: it spilled what was left).
         """
         target = self._submitted
-        if self._written >= target:
+        if self._done >= target:
             await trio.lowlevel.checkpoint()
             return
         self._drain_target = max(self._drain_target, target)
         self._wake.set()
-        while self._written < target and self._running:
+        while self._done < target and self._running:
             await self._progress.wait()
 
     def statistics(self) -> SpendLogStatistics:
@@ -177,6 +204,7 @@ class SpendLogWriter:
             failures=self._failures,
             recovered=self._recovered,
             spilled=self._spilled,
+            dead_lettered=self._dead_lettered,
         )
 
     # --------------------------------------------------------------------- the task
@@ -191,7 +219,7 @@ class SpendLogWriter:
             raise RuntimeError("this SpendLogWriter is already running")
         self._running = True
         folder: _FallbackFolder | None = None
-        recovered_until = 0  # written >= this: the owned files' rows are all in SQL
+        recovered_until = 0  # done >= this: the owned files' rows are all in SQL
         try:
             if self._fallback_dir is not None:
                 folder = _FallbackFolder(self._fallback_dir)
@@ -213,7 +241,7 @@ class SpendLogWriter:
             while True:
                 await self._wait_for_batch()
                 await self._write_batch()
-                if folder is not None and folder.owns_files and self._written >= recovered_until:
+                if folder is not None and folder.owns_files and self._done >= recovered_until:
                     # Before waking drainers: once drained, no recovered file is left.
                     try:
                         await trio.to_thread.run_sync(folder.delete_owned)
@@ -236,16 +264,17 @@ class SpendLogWriter:
         while not self._queue:
             await self._wait_wake()
         with trio.move_on_after(self._interval_s):
-            while len(self._queue) < self._batch_rows and self._written >= self._drain_target:
+            while len(self._queue) < self._batch_rows and self._done >= self._drain_target:
                 await self._wait_wake()
 
     async def _write_batch(self) -> None:
         backoff_s = self._min_backoff_s
         while True:
-            # Re-read each attempt: the head is unchanged, but the batch may have grown.
+            # Re-read each attempt: the head is unchanged, but the batch may have grown
+            # (and a failed attempt may have written or set aside a prefix of it).
             batch = list(itertools.islice(self._queue, self._batch_rows))
             try:
-                await self._store.insert_spend_logs(batch)
+                await self._write_or_isolate(batch)
             except StoreError as exc:
                 self._failures += 1
                 logger.warning(
@@ -257,14 +286,56 @@ class SpendLogWriter:
                 await trio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, self._max_backoff_s)
                 continue
-            # No checkpoint between the insert's return and this bookkeeping, so a
-            # cancellation cannot leave written rows queued (they would only be
-            # written twice, harmlessly, but the counts would lie).
-            for _ in batch:
-                self._queue.popleft()
-            self._written += len(batch)
-            self._batches += 1
             return
+
+    async def _write_or_isolate(self, rows: list[SpendLogRow]) -> None:
+        """Write ``rows`` (the head of the queue); if the database refuses their data,
+        bisect until the refused rows are alone, and set those aside.
+
+        Raises:
+            StoreError: a transient failure; what was done before it is off the queue.
+        """
+        try:
+            await self._store.insert_spend_logs(rows)
+        except (StoreDataError, StoreConflict) as exc:
+            self._failures += 1
+            if len(rows) > 1:
+                middle = len(rows) // 2
+                await self._write_or_isolate(rows[:middle])
+                await self._write_or_isolate(rows[middle:])
+                return
+            await self._dead_letter(rows[0], exc)
+            self._dead_lettered += 1
+            self._pop(1)
+            return
+        # No checkpoint between the insert's return and this bookkeeping, so a
+        # cancellation cannot leave written rows queued (they would only be written
+        # twice, harmlessly, but the counts would lie).
+        self._pop(len(rows))
+        self._written += len(rows)
+        self._batches += 1
+
+    def _pop(self, count: int) -> None:
+        for _ in range(count):
+            self._queue.popleft()
+        self._done += count
+
+    async def _dead_letter(self, row: SpendLogRow, exc: StoreError) -> None:
+        logger.error(
+            "spend-log row %s refused by the database (%s); set aside in %s",
+            row.request_id,
+            exc,
+            self._fallback_dir / DEAD_LETTER_FILE if self._fallback_dir else "nowhere (lost)",
+        )
+        if self._fallback_dir is None:
+            return
+        try:
+            with trio.CancelScope(shield=True):  # a row is either set aside or still queued
+                await trio.to_thread.run_sync(
+                    _append_durably, self._fallback_dir / DEAD_LETTER_FILE, encode_rows([row])
+                )
+        except OSError:
+            logger.exception("could not set aside spend-log row %s: it is lost", row.request_id)
 
     async def _spill(self, folder: _FallbackFolder | None) -> None:
         rows = list(self._queue)
@@ -391,6 +462,18 @@ class _FallbackFolder:
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _append_durably(path: Path, data: bytes) -> None:
+    """Append ``data`` in one write (O_APPEND: processes sharing the folder interleave
+    whole rows), then fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from triogate.errors import StoreError
-from triogate.store import SpendLogRow, SpendLogWriter
-from triogate.store.spendlog import decode_rows, encode_rows
+from triogate.store import SpendLogRow, SpendLogWriter, StoreDataError
+from triogate.store.spendlog import DEAD_LETTER_FILE, decode_rows, encode_rows
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,6 +41,29 @@ class MemorySink:
         self.batches.append([r.request_id for r in rows])
         self.times.append(trio.current_time())
         return len(new)
+
+
+class HungSink:
+    """A database that takes every batch and never answers."""
+
+    async def insert_spend_logs(self, rows: Sequence[SpendLogRow]) -> int:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+class PickySink(MemorySink):
+    """Refuses, for its data, any batch that holds a row whose request id starts "bad"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    async def insert_spend_logs(self, rows: Sequence[SpendLogRow]) -> int:
+        self.attempts += 1
+        if any(r.request_id.startswith("rbad") for r in rows):
+            await trio.lowlevel.checkpoint()
+            raise StoreDataError("insert spend logs failed: DataError: NUL byte")
+        return await super().insert_spend_logs(rows)
 
 
 def row(i: int | str) -> SpendLogRow:
@@ -187,7 +210,11 @@ async def test_a_dead_writers_claimed_files_are_taken_over_but_a_live_ones_are_n
     # A writer that died (SIGKILL) after claiming a spill file: its lock file is free.
     (folder / "writer-dead0000.lock").touch()
     (folder / "owned-dead0000-0.jsonl").write_bytes(encode_rows([row("dead")]))
-    live_sink = MemorySink(fail_times=1000)
+    # A database that never answers: the live writer keeps its rows in flight. (It used
+    # to be a sink failing 1000 times; with the autojump clock, the live writer ran
+    # through those retries in virtual time while `other` opened its folder in a real
+    # thread, wrote its rows on the 1001st try, and nothing was left to spill.)
+    live_sink = HungSink()
     live = SpendLogWriter(live_sink, fallback_dir=folder)
     (folder / "spill-a.jsonl").write_bytes(encode_rows([row("a")]))
     sink = MemorySink()
@@ -255,3 +282,76 @@ def test_bad_settings_are_refused() -> None:
         SpendLogWriter(MemorySink(), interval_s=0)
     with pytest.raises(ValueError):
         SpendLogWriter(MemorySink(), batch_rows=0)
+
+
+async def test_rows_the_database_refuses_are_set_aside_and_the_rest_flows(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    sink = PickySink()
+    folder = tmp_path / "spendlog"
+    writer = SpendLogWriter(sink, interval_s=1.0, batch_rows=128, fallback_dir=folder)
+    ids = [f"{i}" for i in range(98)]
+    ids[37], ids[80] = "bad-a", "bad-b"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        for i in ids:
+            writer.submit_nowait(row(i))
+        await writer.wait_drained()
+        writer.submit_nowait(row("later"))  # nothing is stuck behind them
+        await writer.wait_drained()
+        nursery.cancel_scope.cancel()
+    written = sorted(i for batch in sink.batches for i in batch)
+    assert written == sorted(f"r{i}" for i in [*ids[:37], *ids[38:80], *ids[81:], "later"])
+    dead = decode_rows((folder / DEAD_LETTER_FILE).read_bytes())
+    assert [r.request_id for r in dead] == ["rbad-a", "rbad-b"]
+    stats = writer.statistics()
+    assert (stats.written, stats.dead_lettered, stats.queued, stats.spilled) == (97, 2, 0, 0)
+    # Bisection, not one insert per row: 98 rows, 2 bad, 2 × 2 × log2(98) + 2 attempts.
+    assert sink.attempts <= 32
+    assert not list(folder.glob("spill-*"))  # dead letters are never re-submitted
+
+
+async def test_a_transient_failure_while_isolating_keeps_what_was_done(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    class FlakyPicky(PickySink):
+        async def insert_spend_logs(self, rows: Sequence[SpendLogRow]) -> int:
+            if self.attempts == 2:  # the third attempt: the database blinks
+                self.attempts += 1
+                raise StoreError("insert spend logs failed: OperationalError: gone")
+            return await super().insert_spend_logs(rows)
+
+    sink = FlakyPicky()
+    writer = SpendLogWriter(sink, batch_rows=8, fallback_dir=tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        for i in ["0", "1", "bad", "3", "4", "5", "6", "7"]:
+            writer.submit_nowait(row(i))
+        await writer.wait_drained()
+        nursery.cancel_scope.cancel()
+    written = [i for batch in sink.batches for i in batch]
+    assert sorted(written) == sorted(f"r{i}" for i in "0134567")
+    assert len(written) == len(set(written))
+    assert writer.statistics().dead_lettered == 1
+
+
+async def test_without_a_fallback_folder_a_refused_row_is_logged_and_dropped(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = PickySink()
+    writer = SpendLogWriter(sink)
+    with caplog.at_level(logging.ERROR):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            writer.submit_nowait(row("bad"))
+            writer.submit_nowait(row(1))
+            await writer.wait_drained()
+            nursery.cancel_scope.cancel()
+    assert sink.batches == [["r1"]]
+    assert "rbad refused by the database" in caplog.text
+
+
+async def test_a_row_beyond_64_bits_survives_a_spill_file_exactly() -> None:
+    huge = SpendLogRow(request_id="h", api="chat", cost_nanousd=2**70, user_id="a\x00b")
+    (back,) = decode_rows(encode_rows([huge]))
+    assert back == huge

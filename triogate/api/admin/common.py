@@ -92,12 +92,12 @@ async def announce(services: Services, *changes: tuple[str, str]) -> dict[str, s
     try:
         await services.identities.announce(*changes)
     except BackendUnavailable as exc:
-        logger.warning("admin change saved but not announced (Redis unavailable: %s); other "
-                       "processes see it when their cached copy expires", exc.reason)
+        logger.warning("admin change saved but not announced yet (Redis unavailable: %s); "
+                       "retried until Redis takes it", exc.reason)
         return dict(DEGRADED)
     except StoreError as exc:
         # The change is saved; finding a team's or user's keys to drop failed.
-        logger.warning("admin change saved but not fully announced (%s)", exc)
+        logger.warning("admin change saved but not announced yet (%s); retried", exc)
         return dict(DEGRADED)
     return {}
 
