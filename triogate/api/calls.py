@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 #: Fields the gateway reads and does not pass upstream (``mock_response`` stays for mock
 #: deployments, whose provider honours it).
 GATEWAY_FIELDS = ("cache", "metadata", "mock_response")
+#: Most choices one request may ask for (OpenAI's own limit).
+MAX_CHOICES = 128
 
 
 async def read_body(services: Services, request: Request) -> tuple[dict[str, Any], str]:
@@ -47,7 +49,7 @@ def output_estimate(services: Services, body: dict[str, Any], *names: str) -> in
     requested = None
     for name in names:
         requested = validate.positive_int(body, name) or requested
-    n = validate.positive_int(body, "n") or 1
+    n = validate.positive_int(body, "n", high=MAX_CHOICES) or 1
     per_choice = min(requested or settings.default_max_output_tokens,
                      settings.max_reserved_output_tokens)
     return per_choice * n
@@ -86,7 +88,8 @@ def make_call(
         request=request,
         cache=validate.cache_control(body, request.headers),
         trace_id=uuid.uuid4().hex,
-        end_user=end_user or request.headers.get(
+        end_user=end_user or validate.identifier(
+            request.headers.get(services.config.settings.governance.end_user_header),
             services.config.settings.governance.end_user_header),
         tags=validate.tags_of(body),
         input_tokens=estimate_input_tokens(api, body),

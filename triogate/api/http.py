@@ -15,6 +15,7 @@ import orjson
 import trio
 
 from triogate.api.errors import ApiError
+from triogate.api.validate import MAX_DEPTH, check_depth
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -69,6 +70,9 @@ class Request:
             raise ApiError(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ApiError(400, "request body must be a JSON object")
+        # Fewer brackets than the limit cannot nest past it: most bodies skip the walk.
+        if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+            check_depth(value)
         return value
 
     def bearer(self) -> str | None:
@@ -148,12 +152,21 @@ class StreamResponse(Response):
                 self.disconnected = True
                 nursery.cancel_scope.cancel()
 
+            started = False
+
             async def write(chunk: bytes) -> None:
+                nonlocal started
+                if not started:
+                    started = True
+                    await send(self._start())
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
             nursery.start_soon(watch)
-            await send(self._start())
+            # ``produce`` owns the request's settlement: it must run even when the client
+            # is already gone, so the status line goes out with its first write.
             await self.produce(write)
+            if not started:
+                await write(b"")
             # Stop watching BEFORE the last send: ending the response makes hypercorn
             # recycle the connection and post http.disconnect to the watcher; a cancel
             # landing inside that bookkeeping would leave the keep-alive connection

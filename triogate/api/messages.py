@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import calls, flow, validate
+from triogate.api import calls, flow, shapes, validate
 from triogate.api.errors import ApiError
 
 if TYPE_CHECKING:
@@ -46,10 +46,11 @@ async def create_message(services: Services, request: Request) -> Response:
     if validate.positive_int(body, "max_tokens") is None:
         raise ApiError(400, "max_tokens: field required", param="max_tokens")
     check_messages(body)
+    shapes.messages(body)
     validate.number_between(body, "temperature", 0, 1)
     validate.number_between(body, "top_p", 0, 1)
     metadata = validate.field(body, "metadata", dict, what="an object") or {}
-    end_user = metadata.get("user_id") if isinstance(metadata.get("user_id"), str) else None
+    end_user = validate.identifier(metadata.get("user_id"), "metadata.user_id")
     calls.check_mode(services, group, embedding=False)
     call = calls.make_call(
         services, request, body, api="messages", style="anthropic", group=group,
