@@ -40,6 +40,9 @@ logger = logging.getLogger("triogate.api.admission")
 
 T = TypeVar("T")
 
+#: The largest integer the Redis scripts accept (Lua numbers are doubles).
+MAX_SCRIPT_INT = 2**53 - 1
+
 
 @attrs.define(kw_only=True)
 class Admission:
@@ -139,16 +142,15 @@ async def admit(services: Services, call: Call) -> Admission:
         ApiError: 503 when the key store cannot be reached to identify the caller.
     """
     now_ms = services.clock_ms()
-    facts = RoutingFacts(
-        request_id=call.trace_id,
-        now_ms=now_ms,
-        estimate_tokens=call.input_tokens + call.output_tokens,
-    )
+    # The handlers bound every input; this bound is the scripts' own (integers < 2^53),
+    # so that no estimate can make a script refuse the request.
+    tokens = min(call.input_tokens + call.output_tokens, MAX_SCRIPT_INT)
+    facts = RoutingFacts(request_id=call.trace_id, now_ms=now_ms, estimate_tokens=tokens)
     request = RequestFacts(
         request_id=call.trace_id,
         model_group=call.group,
-        estimate_nanousd=estimate_nanousd(services, call),
-        estimate_tokens=call.input_tokens + call.output_tokens,
+        estimate_nanousd=min(estimate_nanousd(services, call), MAX_SCRIPT_INT),
+        estimate_tokens=tokens,
         now_ms=now_ms,
     )
     async with open_batch_scope(
