@@ -32,6 +32,7 @@ def check_messages(body: dict[str, Any]) -> None:
                            param=f"messages[{i}].content")
 
 
+@calls.auth_first
 async def chat_completions(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``chat``."""
     body, group = await calls.read_body(services, request)

@@ -32,6 +32,7 @@ def check_input(value: Any) -> None:
                             "or list of token ids", param="input")
 
 
+@calls.auth_first
 async def create_embeddings(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``embeddings``."""
     body, group = await calls.read_body(services, request)

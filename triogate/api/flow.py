@@ -95,6 +95,7 @@ async def serve(services: Services, call: Call) -> Response:
 
     Settles exactly once whatever happens after admission (see the module docstring).
     """
+    call.request.authenticated = True  # admission checks the key first of all
     admitted = await admission.admit(services, call)
     try:
         if admitted.rejection is not None:

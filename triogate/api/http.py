@@ -39,6 +39,8 @@ class Request:
         self.query: dict[str, str] = dict(parse_qsl(scope.get("query_string", b"").decode()))
         self.request_id = request_id
         self.started_at = trio.current_time()
+        #: Set once the caller's key has been checked (admission or auth_first).
+        self.authenticated = False
 
     async def body(self, max_bytes: int) -> bytes:
         """The whole body, refused with 413 past ``max_bytes`` (before reading it all)."""

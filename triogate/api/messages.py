@@ -40,6 +40,7 @@ def upstream_body(body: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
     return sent
 
 
+@calls.auth_first
 async def create_message(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``messages``."""
     body, group = await calls.read_body(services, request)

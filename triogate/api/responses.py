@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
 
 
+@calls.auth_first
 async def create_response(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``responses``."""
     body, group = await calls.read_body(services, request)
