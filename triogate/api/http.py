@@ -110,18 +110,17 @@ class Response:
              ) -> Response:
         return cls(orjson.dumps(value), status=status, headers=headers)
 
-    def _start(self) -> dict[str, Any]:
-        return {
-            "type": "http.response.start",
-            "status": self.status,
-            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in
-                        self.headers.items()],
-        }
+    def _start(self, *, length: bool = True) -> dict[str, Any]:
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        if length:  # a complete body: no chunked encoding
+            headers.append((b"content-length", str(len(self.body)).encode()))
+        return {"type": "http.response.start", "status": self.status, "headers": headers}
 
-    async def send(self, send: Send, receive: Receive) -> None:
-        """Send status, headers and body."""
+    async def send(self, send: Send, receive: Receive, *, head: bool = False) -> None:
+        """Send status, headers and body (no body for a ``HEAD`` request)."""
         await send(self._start())
-        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+        await send({"type": "http.response.body", "body": b"" if head else self.body,
+                    "more_body": False})
 
 
 class StreamResponse(Response):
@@ -145,7 +144,7 @@ class StreamResponse(Response):
         self.produce = produce
         self.disconnected = False
 
-    async def send(self, send: Send, receive: Receive) -> None:
+    async def send(self, send: Send, receive: Receive, *, head: bool = False) -> None:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -160,7 +159,7 @@ class StreamResponse(Response):
                 nonlocal started
                 if not started:
                     started = True
-                    await send(self._start())
+                    await send(self._start(length=False))
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
             nursery.start_soon(watch)
