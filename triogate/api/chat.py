@@ -23,7 +23,7 @@ def check_messages(body: dict[str, Any]) -> None:
         if not isinstance(message, dict):
             raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}",
                            param=f"messages[{i}].role")
         content = message.get("content")

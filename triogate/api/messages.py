@@ -20,7 +20,8 @@ def check_messages(body: dict[str, Any]) -> None:
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in _ROLES:
             raise ApiError(400, f"messages.{i}.role: must be 'user' or 'assistant'",
                            param=f"messages.{i}.role")
         content = message.get("content")
