@@ -26,6 +26,7 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
+from triogate.api import protocol_errors
 from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
 from triogate.batch import (
@@ -229,6 +230,7 @@ async def open_gateway(
 
 def hypercorn_config(config: GatewayConfig, *, host: str, port: int) -> HypercornConfig:
     """Hypercorn's settings for the gateway (graceful timeout = shutdown grace)."""
+    protocol_errors.install()  # 400/431 from the HTTP layer: JSON body, x-request-id
     hconfig = HypercornConfig()
     hconfig.bind = [f"{host}:{port}"]
     hconfig.graceful_timeout = config.settings.shutdown_grace_s

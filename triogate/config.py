@@ -175,6 +175,21 @@ class ResponseCacheSettings:
 
 
 @attrs.frozen(kw_only=True)
+class HttpSettings:
+    """``triogate.http``: who may read ``/metrics``, and which browser origins may call.
+
+    ``metrics_key``: when set, ``GET /metrics`` needs ``Authorization: Bearer`` with it
+    (or the master key); unset, ``/metrics`` is open, as Prometheus scrapers expect.
+    ``cors_allow_origins``: origins (``https://app.example``, or ``"*"``) whose browsers
+    may call the gateway; preflight ``OPTIONS`` requests are answered for them.
+    """
+
+    metrics_key: str | None = attrs.field(default=None, repr=False)
+    cors_allow_origins: list[str] = attrs.Factory(list)
+    cors_max_age_s: int = attrs.field(default=600, validator=_non_negative)
+
+
+@attrs.frozen(kw_only=True)
 class TriogateSettings:
     """The ``triogate:`` section: everything LiteLLM's file has no name for."""
 
@@ -183,6 +198,7 @@ class TriogateSettings:
     policies: PolicySettings = attrs.Factory(PolicySettings)
     governance: GovernanceSettings = attrs.Factory(GovernanceSettings)
     cache: ResponseCacheSettings = attrs.Factory(ResponseCacheSettings)
+    http: HttpSettings = attrs.Factory(HttpSettings)
     tracing: bool = False
     log_prompts: bool = False
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)

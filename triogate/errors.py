@@ -9,7 +9,8 @@ The tree::
     │   ├── ProviderConnectError     could not connect, or the connection broke
     │   ├── ProviderStatusError      an HTTP error status (.status, .body)
     │   └── ProviderProtocolError    a reply we could not parse (bad JSON, broken stream)
-    └── StoreError               the SQL side failed
+    ├── StoreError               the SQL side failed
+    └── TranslationError         a request the upstream's API cannot express (a 400)
 """
 
 from __future__ import annotations
@@ -59,3 +60,11 @@ class ProviderProtocolError(ProviderError):
 
 class StoreError(TriogateError):
     """Raised by the SQL store when a query fails or the database is unreachable."""
+
+
+class TranslationError(TriogateError, ValueError):
+    """Raised by the request translators for what the upstream's API cannot express.
+
+    The message is fit for the client (it names the field); the API layer answers it as a
+    400. It is also a ``ValueError`` so that translators stay usable as plain functions.
+    """

@@ -185,3 +185,41 @@ async def test_without_the_channel_memory_lives_one_second(store: Store, redis: 
         await trio.sleep(1.05)
         _, rounds = await resolve(identities, redis, raw)
         assert rounds == 1
+
+
+async def test_a_governed_tag_is_charged_only_when_the_key_or_team_allows_it(
+    store: Store, redis: RespBackend
+) -> None:
+    await store.create_tag(tag="team-y", max_budget_nanousd=1000)
+    await store.create_tag(tag="free-label")  # no budget, no limits: a label only
+    x = await store.create_team(team_alias="x")
+    y = await store.create_team(team_alias="y", metadata={"tags": ["team-y"]})
+    outsider, _ = await store.create_key(team_id=x.team_id)
+    insider, _ = await store.create_key(team_id=y.team_id)
+    own, _ = await store.create_key(metadata={"tags": ["team-y"]})
+    with trio.fail_after(10):
+        async with resolver(store, redis) as identities:
+            refused, _ = await resolve(identities, redis, outsider, tags=("team-y",))
+            assert isinstance(refused, Rejected) and refused.status == 403
+            assert "team-y" in refused.message and refused.reason == "tag_not_allowed"
+            label, _ = await resolve(identities, redis, outsider, tags=("free-label", "new"))
+            assert isinstance(label, Identity)
+            for raw in (insider, own):
+                allowed, _ = await resolve(identities, redis, raw, tags=("team-y",))
+                assert isinstance(allowed, Identity)
+                assert [t.id for t in allowed.tags] == ["team-y"]
+
+
+async def test_made_up_tags_are_bounded_in_memory(store: Store, redis: RespBackend) -> None:
+    raw, _ = await store.create_key()
+    await store.create_tag(tag="real", max_budget_nanousd=1000)
+    with trio.fail_after(30):
+        async with resolver(store, redis, max_unknown_tags=50) as identities:
+            await resolve(identities, redis, raw, tags=())
+            for i in range(40):  # 32 tags a request (the HTTP limit), all new
+                await resolve(identities, redis, raw,
+                              tags=tuple(f"junk-{i}-{j}" for j in range(32)))
+            known, unknown = identities.memory_entries()
+            assert unknown == 50 and known == 1  # the key stayed; junk never displaced it
+            _, rounds = await resolve(identities, redis, raw, tags=())
+            assert rounds == 0

@@ -11,11 +11,12 @@ others' reservations are given back by settlement.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
+import trio
 
-from triogate.api import auth
+from triogate.api import auth, settlement
 from triogate.api.errors import ApiError
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
@@ -37,6 +38,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("triogate.api.admission")
 
+T = TypeVar("T")
+
+#: The largest integer the Redis scripts accept (Lua numbers are doubles).
+MAX_SCRIPT_INT = 2**53 - 1
+
 
 @attrs.define(kw_only=True)
 class Admission:
@@ -55,6 +61,10 @@ class Admission:
     waits_before: int = 0
     degraded: bool = False
     extra_headers: dict[str, str] = attrs.Factory(dict)
+    #: Set by ``settlement.settle`` (which runs at most once per request).
+    settled: bool = False
+    #: Set when a stream's producer took over settlement.
+    handed_off: bool = False
 
     def headers(self, services: Services, call: Call, *,
                 deployment: Deployment | None = None) -> dict[str, str]:
@@ -132,16 +142,15 @@ async def admit(services: Services, call: Call) -> Admission:
         ApiError: 503 when the key store cannot be reached to identify the caller.
     """
     now_ms = services.clock_ms()
-    facts = RoutingFacts(
-        request_id=call.trace_id,
-        now_ms=now_ms,
-        estimate_tokens=call.input_tokens + call.output_tokens,
-    )
+    # The handlers bound every input; this bound is the scripts' own (integers < 2^53),
+    # so that no estimate can make a script refuse the request.
+    tokens = min(call.input_tokens + call.output_tokens, MAX_SCRIPT_INT)
+    facts = RoutingFacts(request_id=call.trace_id, now_ms=now_ms, estimate_tokens=tokens)
     request = RequestFacts(
         request_id=call.trace_id,
         model_group=call.group,
-        estimate_nanousd=estimate_nanousd(services, call),
-        estimate_tokens=call.input_tokens + call.output_tokens,
+        estimate_nanousd=min(estimate_nanousd(services, call), MAX_SCRIPT_INT),
+        estimate_tokens=tokens,
         now_ms=now_ms,
     )
     async with open_batch_scope(
@@ -164,14 +173,24 @@ async def admit(services: Services, call: Call) -> Admission:
         identity_or_rejection = who.result()
     except StoreError as exc:
         logger.error("identity lookup failed: %s", exc)
+        await _undo(services, call, facts, request, now_ms, route, None, cached)
         raise ApiError(503, "the key store is unavailable; try again shortly",
                        "service_unavailable") from None
-    state = route.result()
+    except Exception:
+        await _undo(services, call, facts, request, now_ms, route, None, cached)
+        raise
     identity = None if isinstance(identity_or_rejection, Rejected) else identity_or_rejection
-    checks = governance.result()
-    lookup = cached.result()
-    budget = checks[0].result() if checks else None
-    rates = checks[1].result() if checks else None
+    try:
+        state = route.result()
+        checks = governance.result()
+        lookup = cached.result()
+        budget = checks[0].result() if checks else None
+        rates = checks[1].result() if checks else None
+    except Exception:
+        # One participant failed unexpectedly (a bug): the others may hold reservations.
+        await _undo(services, call, facts, request, now_ms, route, governance, cached,
+                    identity=identity)
+        raise
     decisions: list[Decision | None] = [
         identity_or_rejection if isinstance(identity_or_rejection, Rejected) else None,
         budget.decision if budget else None,
@@ -199,3 +218,32 @@ async def admit(services: Services, call: Call) -> Admission:
         if isinstance(decision, Allowed):
             admission.extra_headers.update(decision.headers)
     return admission
+
+
+def _done(participant: Participant[T]) -> T | None:
+    """A participant's result, or None when it failed (its error is raised elsewhere)."""
+    try:
+        return participant.result()
+    except Exception:
+        return None
+
+
+async def _undo(
+    services: Services, call: Call, facts: RoutingFacts, request: RequestFacts, now_ms: int,
+    route: Participant[RoutingState],
+    governance: Participant[tuple[Participant[BudgetOutcome], Participant[RateOutcome]] | None]
+    | None,
+    cached: Participant[tuple[str, CachedResponse | None] | None],
+    *, identity: Identity | None = None,
+) -> None:
+    """Admission failed part-way: settle, as a rejection, what the others reserved."""
+    checks = _done(governance) if governance is not None else None
+    admission = Admission(
+        identity=identity, rejection=None, routing=_done(route), facts=facts,
+        request=request, now_ms=now_ms,
+        budgets=_done(checks[0]) if checks else None,
+        rates=_done(checks[1]) if checks else None,
+        cache_namespace=(_done(cached) or (None, None))[0],
+    )
+    with trio.CancelScope(shield=True):
+        await settlement.settle(services, call, admission, outcome=settlement.rejected(500))

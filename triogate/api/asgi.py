@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("triogate.api")
 
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+#: Request headers a browser may send (preflight), and response headers it may read.
+_ALLOWED_HEADERS = ("authorization, content-type, x-api-key, anthropic-version, "
+                    "anthropic-beta, openai-organization, x-request-id, x-end-user-id")
+_EXPOSED = ("x-request-id, retry-after, x-ratelimit-remaining-requests, "
+            "x-ratelimit-remaining-tokens, x-ratelimit-limit-requests, "
+            "x-ratelimit-limit-tokens, x-triogate-cache")
 
 
 class GatewayASGI:
@@ -47,10 +53,14 @@ class GatewayASGI:
         token = request_id_var.set(request_id)
         try:
             request = Request(scope, receive, request_id)
-            route = self.routes.get((request.method, request.path))
+            head = request.method == "HEAD"
+            # HEAD is GET without the body, wherever GET exists.
+            route = self.routes.get(("GET" if head else request.method, request.path))
             style = route.style if route else "openai"
             try:
-                if route is None:
+                if request.method == "OPTIONS" and request.path in self._paths:
+                    response = self._preflight(request)
+                elif route is None:
                     response = self._no_route(request)
                 else:
                     response = await route.handler(self.services, request)
@@ -64,15 +74,47 @@ class GatewayASGI:
                     ApiError(500, f"internal error (request id {request_id})", "api_error"), style
                 )
             response.headers.setdefault("x-request-id", request_id)
-            await response.send(send, receive)
+            response.headers.update(self._cors(request))
+            await response.send(send, receive, head=head)
         finally:
             request_id_var.reset(token)
+
+    def _methods(self, path: str) -> list[str]:
+        methods = set(self._paths.get(path, ()))
+        if "GET" in methods:
+            methods.add("HEAD")
+        return sorted(methods | {"OPTIONS"})
+
+    def _cors(self, request: Request) -> dict[str, str]:
+        """CORS headers for a request from an allowed browser origin (none otherwise)."""
+        origin = request.headers.get("origin")
+        allowed = self.services.config.settings.http.cors_allow_origins
+        if not origin or not (origin in allowed or "*" in allowed):
+            return {}
+        return {
+            "access-control-allow-origin": origin,
+            "vary": "origin",
+            "access-control-expose-headers": _EXPOSED,
+        }
+
+    def _preflight(self, request: Request) -> Response:
+        """``OPTIONS``: the allowed methods; for an allowed origin, CORS's preflight answer."""
+        methods = ", ".join(self._methods(request.path))
+        headers = {"allow": methods}
+        if self._cors(request):
+            asked = request.headers.get("access-control-request-headers")
+            headers.update({
+                "access-control-allow-methods": methods,
+                "access-control-allow-headers": asked or _ALLOWED_HEADERS,
+                "access-control-max-age": str(self.services.config.settings.http.cors_max_age_s),
+            })
+        return Response(b"", status=204, content_type="text/plain", headers=headers)
 
     def _no_route(self, request: Request) -> Response:
         methods = self._paths.get(request.path)
         if methods:
             raise ApiError(405, f"method {request.method} not allowed on {request.path}",
-                           headers={"allow": ", ".join(sorted(methods))})
+                           headers={"allow": ", ".join(self._methods(request.path))})
         raise ApiError(404, f"no route {request.method} {request.path}", "not_found_error")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -7,23 +7,57 @@ request's unique id) is decided here the same way for all of them.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import validate
+from triogate.api import auth, validate
 from triogate.api.errors import ApiError
 from triogate.api.flow import Call
+from triogate.errors import StoreError
 from triogate.providers.tokens import estimate_input_tokens
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from triogate.api.errors import Style
-    from triogate.api.http import Request
+    from triogate.api.http import Request, Response
     from triogate.api.services import Services
     from triogate.providers.base import Api
+
+    Handler = Callable[[Services, Request], Awaitable[Response]]
 
 #: Fields the gateway reads and does not pass upstream (``mock_response`` stays for mock
 #: deployments, whose provider honours it).
 GATEWAY_FIELDS = ("cache", "metadata", "mock_response")
+#: Most choices one request may ask for (OpenAI's own limit).
+MAX_CHOICES = 128
+
+
+def auth_first(handler: Handler) -> Handler:
+    """Authenticate before telling the caller anything about its request.
+
+    A model handler validates its body before admission (where the key is checked, in
+    the same round as everything else). Without this, a caller with no valid key could
+    learn which models exist (404 vs 401). A request refused before admission is
+    authenticated first, at the cost of a wait on the error path only.
+    """
+
+    @functools.wraps(handler)
+    async def guarded(services: Services, request: Request) -> Response:
+        try:
+            return await handler(services, request)
+        except ApiError:
+            if not request.authenticated:
+                request.authenticated = True
+                try:
+                    await auth.authenticate_only(services, request)
+                except StoreError:
+                    raise ApiError(503, "the key store is unavailable; try again shortly",
+                                   "service_unavailable") from None
+            raise
+
+    return guarded
 
 
 async def read_body(services: Services, request: Request) -> tuple[dict[str, Any], str]:
@@ -47,7 +81,7 @@ def output_estimate(services: Services, body: dict[str, Any], *names: str) -> in
     requested = None
     for name in names:
         requested = validate.positive_int(body, name) or requested
-    n = validate.positive_int(body, "n") or 1
+    n = validate.positive_int(body, "n", high=MAX_CHOICES) or 1
     per_choice = min(requested or settings.default_max_output_tokens,
                      settings.max_reserved_output_tokens)
     return per_choice * n
@@ -86,7 +120,8 @@ def make_call(
         request=request,
         cache=validate.cache_control(body, request.headers),
         trace_id=uuid.uuid4().hex,
-        end_user=end_user or request.headers.get(
+        end_user=end_user or validate.identifier(
+            request.headers.get(services.config.settings.governance.end_user_header),
             services.config.settings.governance.end_user_header),
         tags=validate.tags_of(body),
         input_tokens=estimate_input_tokens(api, body),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import calls, flow, validate
+from triogate.api import calls, flow, shapes, validate
 from triogate.api.errors import ApiError
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def check_messages(body: dict[str, Any]) -> None:
         if not isinstance(message, dict):
             raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}",
                            param=f"messages[{i}].role")
         content = message.get("content")
@@ -32,10 +32,12 @@ def check_messages(body: dict[str, Any]) -> None:
                            param=f"messages[{i}].content")
 
 
+@calls.auth_first
 async def chat_completions(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``chat``."""
     body, group = await calls.read_body(services, request)
     check_messages(body)
+    shapes.chat(body)
     stream_options = validate.field(body, "stream_options", dict, what="an object") or {}
     validate.number_between(body, "temperature", 0, 2)
     validate.number_between(body, "top_p", 0, 1)
@@ -44,7 +46,7 @@ async def chat_completions(services: Services, request: Request) -> Response:
         services, request, body, api="chat", style="openai", group=group,
         output_tokens=calls.output_estimate(services, body, "max_tokens",
                                             "max_completion_tokens"),
-        end_user=validate.field(body, "user", str, what="a string"),
+        end_user=validate.identifier(body.get("user"), "user"),
         include_usage=bool(stream_options.get("include_usage")),
     )
     return await flow.serve(services, call)

@@ -12,6 +12,13 @@
 A stream is opened (with retries) before the status line goes out, so a failure before
 the first token is a proper error response; after it, an error event ends the stream
 and what was produced is still charged.
+
+**Settlement happens exactly once, on every path.** Whatever ends a request after
+admission (a provider error, a translation error, a bug, a cancellation), :func:`serve`
+settles it before the exception travels on: reservations and the parallel slot are given
+back, the actual cost (if any) charged, one spend-log row written with its status.
+``Admission.settled`` makes a second settlement a no-op. A stream's settlement belongs to
+its producer, which always runs once the response is handed over.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.http import Response, StreamResponse
 from triogate.cache.replay import replay
 from triogate.cache.response import CacheControl
-from triogate.errors import ProviderError
+from triogate.errors import ProviderError, TranslationError
 from triogate.routing.router import NoDeploymentAvailable
 
 if TYPE_CHECKING:
@@ -88,19 +95,38 @@ class Call:
 
 
 async def serve(services: Services, call: Call) -> Response:
-    """Run ``call`` through admission, the model and settlement; return the response."""
+    """Run ``call`` through admission, the model and settlement; return the response.
+
+    Settles exactly once whatever happens after admission (see the module docstring).
+    """
+    call.request.authenticated = True  # admission checks the key first of all
     admitted = await admission.admit(services, call)
-    if admitted.rejection is not None:
-        error = from_rejection(admitted.rejection)
-        await settlement.settle(services, call, admitted,
-                                outcome=settlement.rejected(error.status))
-        error.headers = {**admitted.headers(services, call), **error.headers}
-        raise error
-    if admitted.cached is not None:
-        return await _from_cache(services, call, admitted)
-    if call.stream:
-        return await _stream(services, call, admitted)
-    return await _complete(services, call, admitted)
+    try:
+        if admitted.rejection is not None:
+            error = from_rejection(admitted.rejection)
+            await settlement.settle(services, call, admitted,
+                                    outcome=settlement.rejected(error.status))
+            error.headers = {**admitted.headers(services, call), **error.headers}
+            raise error
+        if admitted.cached is not None:
+            return await _from_cache(services, call, admitted)
+        if call.stream:
+            return await _stream(services, call, admitted)
+        return await _complete(services, call, admitted)
+    except Exception as exc:
+        if not admitted.settled:  # a bug past admission: give everything back, then 500
+            logger.error("request failed after admission; settling it",
+                         extra={"trace_id": call.trace_id, "error": type(exc).__name__})
+            with trio.CancelScope(shield=True):
+                await settlement.settle(services, call, admitted,
+                                        outcome=settlement.failed(exc, 500, admitted=False))
+        raise
+    finally:
+        # Cancelled (client gone, shutdown) with nothing settled yet.
+        if not admitted.settled and not admitted.handed_off:
+            with trio.CancelScope(shield=True):
+                await settlement.settle(services, call, admitted,
+                                        outcome=settlement.cancelled())
 
 
 async def _from_cache(services: Services, call: Call, admitted: Admission) -> Response:
@@ -131,7 +157,7 @@ async def _route(
     assert admitted.routing is not None
     try:
         return await services.router.run(admitted.routing, attempt, admitted.facts)
-    except (ProviderError, NoDeploymentAvailable, ValueError) as exc:
+    except (ProviderError, NoDeploymentAvailable, TranslationError) as exc:
         raise await _failed(services, call, admitted, exc) from None
 
 
@@ -211,7 +237,9 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                 await settlement.settle(services, call, admitted, outcome=outcome)
 
     headers = admitted.headers(services, call, deployment=result.deployment)
-    return StreamResponse(produce, headers=headers)
+    response = StreamResponse(produce, headers=headers)
+    admitted.handed_off = True  # ``produce`` settles, and StreamResponse always runs it
+    return response
 
 
 def _forward(call: Call, event: dict[str, Any]) -> bool:
@@ -222,7 +250,7 @@ def _forward(call: Call, event: dict[str, Any]) -> bool:
 
 
 async def _failed(services: Services, call: Call, admitted: Admission,
-                  exc: ProviderError | NoDeploymentAvailable | ValueError) -> ApiError:
+                  exc: ProviderError | NoDeploymentAvailable | TranslationError) -> ApiError:
     """Settle a request that got no answer; the error to send.
 
     A request the upstream never saw (no deployment, or one it cannot be translated
@@ -235,8 +263,8 @@ async def _failed(services: Services, call: Call, admitted: Admission,
     return error
 
 
-def _api_error(exc: ProviderError | NoDeploymentAvailable | ValueError) -> ApiError:
-    if isinstance(exc, ValueError):
+def _api_error(exc: ProviderError | NoDeploymentAvailable | TranslationError) -> ApiError:
+    if isinstance(exc, TranslationError):
         # Raised by translation for what this upstream cannot express.
         return ApiError(400, str(exc), "invalid_request_error", code="unsupported_for_model")
     if isinstance(exc, NoDeploymentAvailable):

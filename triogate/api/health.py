@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING
 
 import trio
 
 from triogate.api import auth
+from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.batch import BackendUnavailable, CommandError
 from triogate.errors import StoreError
@@ -90,8 +92,20 @@ def redis_state(info: object) -> str:
 
 
 async def metrics(services: Services, request: Request) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format; behind ``triogate.http.metrics_key`` when it is set.
+
+    Raises:
+        ApiError: 401 when a metrics key is configured and the request has neither it
+            nor the master key.
+    """
     await trio.lowlevel.checkpoint()
+    wanted = services.config.settings.http.metrics_key
+    if wanted is not None:
+        key = request.bearer()
+        if key is None or not (hmac.compare_digest(key.encode(), wanted.encode())
+                               or auth.is_master(services, key)):
+            raise ApiError(401, "/metrics needs the metrics key: send "
+                           "'Authorization: Bearer <key>'", "authentication_error")
     return Response(services.metrics.render(), content_type=CONTENT_TYPE)
 
 

@@ -15,6 +15,7 @@ import orjson
 import trio
 
 from triogate.api.errors import ApiError
+from triogate.api.validate import MAX_DEPTH, check_depth
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -38,6 +39,8 @@ class Request:
         self.query: dict[str, str] = dict(parse_qsl(scope.get("query_string", b"").decode()))
         self.request_id = request_id
         self.started_at = trio.current_time()
+        #: Set once the caller's key has been checked (admission or auth_first).
+        self.authenticated = False
 
     async def body(self, max_bytes: int) -> bytes:
         """The whole body, refused with 413 past ``max_bytes`` (before reading it all)."""
@@ -69,6 +72,9 @@ class Request:
             raise ApiError(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ApiError(400, "request body must be a JSON object")
+        # Fewer brackets than the limit cannot nest past it: most bodies skip the walk.
+        if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+            check_depth(value)
         return value
 
     def bearer(self) -> str | None:
@@ -104,18 +110,17 @@ class Response:
              ) -> Response:
         return cls(orjson.dumps(value), status=status, headers=headers)
 
-    def _start(self) -> dict[str, Any]:
-        return {
-            "type": "http.response.start",
-            "status": self.status,
-            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in
-                        self.headers.items()],
-        }
+    def _start(self, *, length: bool = True) -> dict[str, Any]:
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        if length:  # a complete body: no chunked encoding
+            headers.append((b"content-length", str(len(self.body)).encode()))
+        return {"type": "http.response.start", "status": self.status, "headers": headers}
 
-    async def send(self, send: Send, receive: Receive) -> None:
-        """Send status, headers and body."""
+    async def send(self, send: Send, receive: Receive, *, head: bool = False) -> None:
+        """Send status, headers and body (no body for a ``HEAD`` request)."""
         await send(self._start())
-        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+        await send({"type": "http.response.body", "body": b"" if head else self.body,
+                    "more_body": False})
 
 
 class StreamResponse(Response):
@@ -139,7 +144,7 @@ class StreamResponse(Response):
         self.produce = produce
         self.disconnected = False
 
-    async def send(self, send: Send, receive: Receive) -> None:
+    async def send(self, send: Send, receive: Receive, *, head: bool = False) -> None:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -148,12 +153,21 @@ class StreamResponse(Response):
                 self.disconnected = True
                 nursery.cancel_scope.cancel()
 
+            started = False
+
             async def write(chunk: bytes) -> None:
+                nonlocal started
+                if not started:
+                    started = True
+                    await send(self._start(length=False))
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
             nursery.start_soon(watch)
-            await send(self._start())
+            # ``produce`` owns the request's settlement: it must run even when the client
+            # is already gone, so the status line goes out with its first write.
             await self.produce(write)
+            if not started:
+                await write(b"")
             # Stop watching BEFORE the last send: ending the response makes hypercorn
             # recycle the connection and post http.disconnect to the watcher; a cancel
             # landing inside that bookkeeping would leave the keep-alive connection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import calls, flow, validate
+from triogate.api import calls, flow, shapes, validate
 from triogate.api.errors import ApiError
 
 if TYPE_CHECKING:
@@ -20,7 +20,8 @@ def check_messages(body: dict[str, Any]) -> None:
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in _ROLES:
             raise ApiError(400, f"messages.{i}.role: must be 'user' or 'assistant'",
                            param=f"messages.{i}.role")
         content = message.get("content")
@@ -40,16 +41,18 @@ def upstream_body(body: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
     return sent
 
 
+@calls.auth_first
 async def create_message(services: Services, request: Request) -> Response:
     """Validate, then run the common flow with api ``messages``."""
     body, group = await calls.read_body(services, request)
     if validate.positive_int(body, "max_tokens") is None:
         raise ApiError(400, "max_tokens: field required", param="max_tokens")
     check_messages(body)
+    shapes.messages(body)
     validate.number_between(body, "temperature", 0, 1)
     validate.number_between(body, "top_p", 0, 1)
     metadata = validate.field(body, "metadata", dict, what="an object") or {}
-    end_user = metadata.get("user_id") if isinstance(metadata.get("user_id"), str) else None
+    end_user = validate.identifier(metadata.get("user_id"), "metadata.user_id")
     calls.check_mode(services, group, embedding=False)
     call = calls.make_call(
         services, request, body, api="messages", style="anthropic", group=group,

@@ -79,6 +79,14 @@ def succeeded(route: RouteResult[Any], usage: Usage, *, body: dict[str, Any] | N
                    body=body, events=events)
 
 
+def cancelled() -> Outcome:
+    """The request was cancelled after admission (client gone, shutdown) before it ended.
+
+    Counted as admitted (the upstream may have seen it), at no cost; 499 in the logs.
+    """
+    return Outcome(admitted=True, status="cancelled", http_status=499)
+
+
 def cache_hit(usage: Usage) -> Outcome:
     """Answered from the cache (``usage`` is what the answer cost when it was made)."""
     return Outcome(admitted=True, status="cache_hit", http_status=200, usage=usage)
@@ -94,7 +102,15 @@ def cost_nanousd(outcome: Outcome) -> int:
 
 async def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outcome
                  ) -> None:
-    """Hand the request's post-call writes to the settler; log and count the request."""
+    """Hand the request's post-call writes to the settler; log and count the request.
+
+    At most once per request: a second call is a no-op, so that every path of the flow
+    may settle without counting twice.
+    """
+    if admitted.settled:
+        await trio.lowlevel.checkpoint()
+        return
+    admitted.settled = True
     settings = services.config.settings
     now_ms = services.clock_ms()
     async with open_post_call_batch(

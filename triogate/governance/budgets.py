@@ -42,7 +42,7 @@ import attrs
 import trio
 
 from triogate.batch import BatchError, Script
-from triogate.governance.decisions import Allowed, Rejected
+from triogate.governance.decisions import Allowed, Rejected, check_failed, is_refusal
 from triogate.governance.facts import principal_label
 from triogate.governance.keys import budget_keys, budget_marker
 
@@ -196,14 +196,16 @@ async def reserve(
 
     holds: list[BudgetHold] = []
     rejected: Rejected | None = None
-    unavailable = False
+    unavailable = refused = False
     for p, period, end_ms, handle in calls:
         max_budget = p.limits.max_budget_nanousd
         assert max_budget is not None
         reply = await _reply(handle)
-        degraded = reply is None
-        closed = degraded and settings.budgets_policy == "fail-closed"
-        if reply is not None:
+        # A script refusing its arguments decides nothing: refused, never failed open.
+        refused = refused or reply is REFUSED
+        degraded = not isinstance(reply, tuple)
+        closed = degraded and (settings.budgets_policy == "fail-closed" or reply is REFUSED)
+        if isinstance(reply, tuple):
             admitted, spend, reserved = reply
             local.budgets.observe(p.kind, p.id, period, spend)
         elif not closed:
@@ -252,6 +254,8 @@ async def reserve(
     decision: Decision
     if rejected is not None:
         decision = rejected
+    elif refused:
+        decision = check_failed("budgets")
     elif unavailable:
         decision = Rejected(
             check="budgets",
@@ -270,11 +274,19 @@ async def reserve(
     )
 
 
-async def _reply(handle: Handle[object]) -> tuple[bool, int, int] | None:
-    """The script's ``{admitted, spend, reserved}``, or None when Redis could not decide."""
+#: What :func:`_reply` returns when the script refused its arguments.
+REFUSED = "refused"
+
+
+async def _reply(handle: Handle[object]) -> tuple[bool, int, int] | str | None:
+    """The script's ``{admitted, spend, reserved}``, None when Redis could not decide, or
+    :data:`REFUSED` when the script refused the request's arguments."""
     try:
         reply = await handle
     except BatchError as exc:
+        if is_refusal(exc):
+            logger.error("budget_reserve refused its arguments: %s", exc)
+            return REFUSED
         logger.warning("budget check could not reach Redis: %s", exc)
         return None
     if (

@@ -62,6 +62,26 @@ class Rejected:
 
 Decision = Allowed | Rejected
 
+def is_refusal(exc: BaseException) -> bool:
+    """Whether a batch error is a script refusing its arguments (an ``ERR`` reply: the
+    script's own argument check, or a runtime error in it), as opposed to Redis being
+    unreachable, busy or loading, or holding a key of another type (``WRONGTYPE``), which
+    the fail-open/fail-closed policies are for.
+
+    A refusal must never turn into a fail-open decision: that would let a request that
+    breaks a script pass every limit.
+    """
+    reply = getattr(exc, "reply", None)
+    return isinstance(reply, str) and reply.startswith("ERR")
+
+
+def check_failed(check: str) -> Rejected:
+    """The rejection of a check whose script refused the request's arguments (a 500)."""
+    return Rejected(
+        check=check, reason="check_failed", status=500, error_type="api_error",
+        message=f"the {check.replace('_', ' ')} check could not evaluate this request",
+    )
+
 
 def first_rejected(decisions: Iterable[Decision | None]) -> Rejected | None:
     """The rejection that wins: the first by :data:`ORDER` of its ``check``."""

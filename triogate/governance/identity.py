@@ -59,7 +59,7 @@ from triogate.governance.principals import Identity, Principal
 from triogate.store.records import hash_key
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
 
     from triogate.batch import Backend, Batch, Subscription
@@ -89,6 +89,24 @@ class KeyBundle:
     key_tags: tuple[str, ...] = ()
     team: Principal | None = None
     user: Principal | None = None
+    #: Tags a request of this key may name and be charged to (see :func:`allowed_tags`).
+    allowed_tags: tuple[str, ...] = ()
+
+
+def allowed_tags(key_tags: Sequence[str], *metadata: Mapping[str, Any] | None
+                 ) -> tuple[str, ...]:
+    """The tags a key's requests may carry when those tags have budgets or limits.
+
+    LiteLLM's places: the key's ``tags``, and ``metadata.tags`` of the key and its team.
+    A client names request tags itself (``metadata.tags``), so without this set any
+    caller could spend another tenant's tag budget or lock it out.
+    """
+    out = list(key_tags)
+    for meta in metadata:
+        tags = (meta or {}).get("tags")
+        if isinstance(tags, list):
+            out += [t for t in tags if isinstance(t, str)]
+    return tuple(dict.fromkeys(out))
 
 
 Row = KeyBundle | Principal | None  # None: known not to exist
@@ -117,6 +135,13 @@ class _Entry:
     expires_at: float
 
 
+def _governed(principal: Principal) -> bool:
+    """Whether charging a request to ``principal`` spends or counts anything."""
+    limits = principal.limits
+    return any(v is not None for v in (limits.max_budget_nanousd, limits.rpm, limits.tpm,
+                                       limits.max_parallel))
+
+
 def _reject(status: int, reason: str, message: str) -> Rejected:
     return Rejected(
         check="auth", reason=reason, message=message, status=status,
@@ -137,6 +162,9 @@ class IdentityResolver:
         negative_ttl_s: how long "no such key" is remembered (memory and Redis), so that
             random keys cannot hammer SQL.
         max_entries: bound on memory entries (least recently used go first).
+        max_unknown_tags: bound on remembered tags that do not exist. Clients name
+            request tags freely; without their own bound, made-up tags would push real
+            rows out (and each costs memory): they live in a smaller LRU of their own.
     """
 
     def __init__(
@@ -150,6 +178,7 @@ class IdentityResolver:
         redis_ttl_s: float = 300.0,
         negative_ttl_s: float = 10.0,
         max_entries: int = 100_000,
+        max_unknown_tags: int = 10_000,
     ) -> None:
         self._store = store
         self._backend = backend
@@ -160,6 +189,8 @@ class IdentityResolver:
         self._negative_ttl_s = negative_ttl_s
         self._max = max_entries
         self._memory: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._max_unknown_tags = max_unknown_tags
+        self._unknown_tags: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._subscribed = False
         # Changes not announced yet (an ordered set): retried by run().
         self._outbox: dict[tuple[str, str], None] = {}
@@ -173,36 +204,55 @@ class IdentityResolver:
         ttl = self._ttl_s if row is not None else min(self._ttl_s, self._negative_ttl_s)
         return ttl if self._subscribed else min(ttl, UNSUBSCRIBED_TTL_S)
 
+    def _table(self, kind: str, row: Row) -> tuple[OrderedDict[tuple[str, str], _Entry], int]:
+        if kind == "tag" and row is None:
+            return self._unknown_tags, self._max_unknown_tags
+        return self._memory, self._max
+
     def _remember(self, kind: str, ident: str, row: Row) -> None:
-        self._memory[(kind, ident)] = _Entry(row, trio.current_time() + self._ttl(row))
-        self._memory.move_to_end((kind, ident))
-        while len(self._memory) > self._max:
-            self._memory.popitem(last=False)
+        self._memory.pop((kind, ident), None)
+        self._unknown_tags.pop((kind, ident), None)
+        table, bound = self._table(kind, row)
+        table[(kind, ident)] = _Entry(row, trio.current_time() + self._ttl(row))
+        while len(table) > bound:
+            table.popitem(last=False)
+
+    def _get(self, kind: str, ident: str) -> _Entry | None:
+        entry = self._memory.get((kind, ident))
+        if entry is None and kind == "tag":
+            entry = self._unknown_tags.get((kind, ident))
+        return entry
 
     def _fresh(self, kind: str, ident: str) -> _Entry | None:
-        entry = self._memory.get((kind, ident))
+        entry = self._get(kind, ident)
         if entry is None or entry.expires_at <= trio.current_time():
             return None
         return entry
 
     def _hint(self, kind: str, ident: str) -> Row:
-        entry = self._memory.get((kind, ident))
+        entry = self._get(kind, ident)
         return entry.row if entry is not None else None
+
+    def memory_entries(self) -> tuple[int, int]:
+        """How many rows memory holds: (known rows and keys, unknown tags)."""
+        return len(self._memory), len(self._unknown_tags)
 
     def expire(self) -> None:
         """Make every memory entry stale now, keeping it as a hint (as 60 s would).
 
         For the round-trip harness and tests: the next request refreshes from Redis.
         """
-        for entry in self._memory.values():
+        for entry in (*self._memory.values(), *self._unknown_tags.values()):
             entry.expires_at = 0.0
 
     def forget(self, kind: str, ident: str) -> None:
         """Drop memory entries for ``kind:ident`` (and the keys of a team or user)."""
         if kind == "*":
             self._memory.clear()
+            self._unknown_tags.clear()
             return
         self._memory.pop((kind, ident), None)
+        self._unknown_tags.pop((kind, ident), None)
         if kind in ("team", "user"):
             stale = [
                 k for k, e in self._memory.items()
@@ -253,7 +303,8 @@ class IdentityResolver:
                 missing.append((kind, ident))
             else:
                 rows[(kind, ident)] = entry.row
-                self._memory.move_to_end((kind, ident))
+                table, _ = self._table(kind, entry.row)
+                table.move_to_end((kind, ident))
         if not missing:
             return rows
         generation: bytes | None = None
@@ -299,13 +350,16 @@ class IdentityResolver:
                 sorted({r.user_id for r in keys.values() if r.user_id}))
             for key_hash in by_kind["key"]:
                 row = keys.get(key_hash)
+                team_row = teams.get(row.team_id) if row is not None and row.team_id else None
                 out[("key", key_hash)] = None if row is None else KeyBundle(
                     key=key_principal(row),
                     team_id=row.team_id,
                     user_id=row.user_id,
                     key_tags=tuple(row.tags),
-                    team=team_principal(teams[row.team_id]) if row.team_id in teams else None,
+                    team=team_principal(team_row) if team_row is not None else None,
                     user=user_principal(users[row.user_id]) if row.user_id in users else None,
+                    allowed_tags=allowed_tags(row.tags, row.metadata,
+                                              team_row.metadata if team_row else None),
                 )
         if "end_user" in by_kind:
             end_users = await self._store.get_end_users(by_kind["end_user"])
@@ -361,6 +415,13 @@ class IdentityResolver:
                         f"{party.kind} '{party.alias or party.id}' may not use model "
                         f"'{group}'",
                     )
+        for tag in tags:
+            row = rows.get(("tag", tag))
+            if (isinstance(row, Principal) and _governed(row)
+                    and tag not in bundle.allowed_tags):
+                return _reject(403, "tag_not_allowed",
+                               f"this key may not use tag '{tag}' (it has a budget or "
+                               "limits, and is not among the key's or team's tags)")
         tag_rows = [rows.get(("tag", t)) for t in dict.fromkeys((*tags, *bundle.key_tags))]
         return Identity(
             key=key,
@@ -472,6 +533,7 @@ class IdentityResolver:
             try:
                 async with self._subscribe(IDENTITY_CHANNEL) as messages:
                     self._memory.clear()
+                    self._unknown_tags.clear()
                     self._subscribed = True
                     delay_s = 0.2
                     await self._consume(messages)

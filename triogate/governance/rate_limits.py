@@ -35,7 +35,7 @@ import attrs
 import trio
 
 from triogate.batch import BatchError, Script
-from triogate.governance.decisions import Allowed, Rejected
+from triogate.governance.decisions import Allowed, Rejected, check_failed, is_refusal
 from triogate.governance.facts import Window, principal_label
 from triogate.governance.keys import PARALLEL, RPM, TPM, rate_marker, rate_window_key
 from triogate.governance.local import BUCKET_MS
@@ -183,10 +183,16 @@ async def admit(
 
     entries: list[RateEntry] = []
     rejected: Rejected | None = None
-    unavailable = False
+    unavailable = refused = False
     for (p, ws), handle in zip(plans, handles, strict=True):
         reply = await _reply(handle, len(ws))
-        if reply is not None:
+        if reply == REFUSED:  # the script refused its arguments: decide nothing, refuse
+            refused = True
+            entries.append(RateEntry(
+                kind=p.kind, id=p.id, label=principal_label(p), windows=ws, counted=False,
+                degraded=True, local_counted=False, remaining=()))
+            continue
+        if isinstance(reply, tuple):
             admitted, failed, retry_ms, remaining = reply
             if admitted:  # mirror it locally, so the local windows know our traffic
                 local.windows.admit(
@@ -235,6 +241,8 @@ async def admit(
     decision: Decision
     if rejected is not None:
         decision = attrs.evolve(rejected, headers={**headers, **rejected.headers})
+    elif refused:
+        decision = check_failed("rate_limits")
     elif unavailable:
         decision = Rejected(
             check="rate_limits",
@@ -251,14 +259,21 @@ async def admit(
     return RateOutcome(decision=decision, admission=admission, local=local)
 
 
+#: What :func:`_reply` returns when the script refused its arguments.
+REFUSED = "refused"
+
+
 async def _reply(
     handle: Handle[object], windows: int
-) -> tuple[bool, int, int, tuple[int, ...]] | None:
-    """``(admitted, failed index (0-based, -1 if none), retry_after_ms, remaining)``, or
-    None when Redis could not decide."""
+) -> tuple[bool, int, int, tuple[int, ...]] | str | None:
+    """``(admitted, failed index (0-based, -1 if none), retry_after_ms, remaining)``, None
+    when Redis could not decide, or :data:`REFUSED` when the script refused its arguments."""
     try:
         reply = await handle
     except BatchError as exc:
+        if is_refusal(exc):
+            logger.error("rate_admit refused its arguments: %s", exc)
+            return REFUSED
         logger.warning("rate limit check could not reach Redis: %s", exc)
         return None
     if (

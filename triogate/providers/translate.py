@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from triogate.errors import TranslationError
 from triogate.providers.base import Usage
 from triogate.providers.streaming import (
     Chain,
@@ -82,8 +83,8 @@ class Hub(Protocol):
     ) -> StreamTranslator: ...
 
 
-def _unsupported(api: str) -> ValueError:
-    return ValueError(f"API {api!r} cannot be translated to a chat model")
+def _unsupported(api: str) -> TranslationError:
+    return TranslationError(f"API {api!r} cannot be translated to a chat model")
 
 
 def to_chat_request(api: Api, body: Mapping[str, Any]) -> dict[str, Any]:

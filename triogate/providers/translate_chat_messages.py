@@ -1,8 +1,9 @@
 """OpenAI chat completions <-> Anthropic messages: requests, responses and streams.
 
 Pure functions and small stateful stream translators; no I/O. What cannot be expressed in
-the other API (``n > 1``, audio or file parts, PDF documents) raises ``ValueError`` with a
-message fit for the client: the API layer answers it as a 400.
+the other API (``n > 1``, audio or file parts, PDF documents) raises
+:class:`~triogate.errors.TranslationError` with a message fit for the client: the API layer
+answers it as a 400.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
+
+from triogate.errors import TranslationError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -60,7 +63,8 @@ def _text_of(content: Any) -> str:
     parts = []
     for part in content:
         if part.get("type") != "text":
-            raise ValueError(f"content part of type {part.get('type')!r} is not supported here")
+            raise TranslationError(
+                f"content part of type {part.get('type')!r} is not supported here")
         parts.append(part.get("text", ""))
     return "".join(parts)
 
@@ -89,13 +93,13 @@ def _chat_part_to_block(part: Mapping[str, Any]) -> dict[str, Any]:
             header, _, data = url.partition(",")
             media_type = header.removeprefix("data:").split(";")[0]
             if ";base64" not in header:
-                raise ValueError("image data URLs must be base64-encoded")
+                raise TranslationError("image data URLs must be base64-encoded")
             return {
                 "type": "image",
                 "source": {"type": "base64", "media_type": media_type, "data": data},
             }
         return {"type": "image", "source": {"type": "url", "url": url}}
-    raise ValueError(f"content part of type {kind!r} cannot be sent to an Anthropic model")
+    raise TranslationError(f"content part of type {kind!r} cannot be sent to an Anthropic model")
 
 
 def _chat_content_to_blocks(content: Any) -> list[dict[str, Any]]:
@@ -128,7 +132,7 @@ def _chat_tool_choice_to_messages(choice: Any, parallel: Any) -> dict[str, Any] 
     elif isinstance(choice, dict) and choice.get("type") == "function":
         result = {"type": "tool", "name": (choice.get("function") or {}).get("name", "")}
     else:
-        raise ValueError(f"tool_choice {choice!r} is not supported")
+        raise TranslationError(f"tool_choice {choice!r} is not supported")
     if result is not None and parallel is False and result["type"] != "none":
         result["disable_parallel_tool_use"] = True
     return result
@@ -141,10 +145,10 @@ def chat_to_messages_request(body: Mapping[str, Any]) -> dict[str, Any]:
     blocks in a user turn; assistant ``tool_calls`` become ``tool_use`` blocks.
 
     Raises:
-        ValueError: something Anthropic cannot express (``n > 1``, audio, files, ...).
+        TranslationError: something Anthropic cannot express (``n > 1``, audio, files, ...).
     """
     if (body.get("n") or 1) != 1:
-        raise ValueError("n > 1 is not supported by Anthropic models")
+        raise TranslationError("n > 1 is not supported by Anthropic models")
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     for message in body.get("messages") or ():
@@ -174,7 +178,7 @@ def chat_to_messages_request(body: Mapping[str, Any]) -> dict[str, Any]:
             }
             _append_turn(turns, "user", [result])
         else:
-            raise ValueError(f"message role {role!r} is not supported")
+            raise TranslationError(f"message role {role!r} is not supported")
     for turn in turns:
         blocks = turn["content"]
         if len(blocks) == 1 and blocks[0]["type"] == "text":
@@ -218,9 +222,9 @@ def _block_to_chat_part(block: Mapping[str, Any]) -> dict[str, Any]:
         elif source.get("type") == "url":
             url = source.get("url", "")
         else:
-            raise ValueError(f"image source {source.get('type')!r} is not supported")
+            raise TranslationError(f"image source {source.get('type')!r} is not supported")
         return {"type": "image_url", "image_url": {"url": url}}
-    raise ValueError(f"content block of type {kind!r} cannot be sent to an OpenAI model")
+    raise TranslationError(f"content block of type {kind!r} cannot be sent to an OpenAI model")
 
 
 def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
@@ -241,14 +245,14 @@ def _messages_tool_choice_to_chat(choice: Mapping[str, Any]) -> tuple[Any, bool 
         return "none", None
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name", "")}}, parallel
-    raise ValueError(f"tool_choice {choice!r} is not supported")
+    raise TranslationError(f"tool_choice {choice!r} is not supported")
 
 
 def messages_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """An Anthropic messages request as an OpenAI chat request.
 
     Raises:
-        ValueError: something OpenAI chat cannot express (documents, unknown blocks).
+        TranslationError: something OpenAI chat cannot express (documents, unknown blocks).
     """
     messages: list[dict[str, Any]] = []
     system = body.get("system")
@@ -259,7 +263,7 @@ def messages_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     for turn in body.get("messages") or ():
         role, content = turn.get("role"), turn.get("content")
         if role not in ("user", "assistant"):
-            raise ValueError(f"message role {role!r} is not supported")
+            raise TranslationError(f"message role {role!r} is not supported")
         if isinstance(content, str):
             messages.append({"role": role, "content": content})
             continue

@@ -1,7 +1,7 @@
 """OpenAI Responses API <-> chat completions: requests in, responses and streams out.
 
 triogate is stateless towards the Responses API: it stores no responses, so
-``previous_response_id`` and item references are refused (``ValueError``, a 400 to the
+``previous_response_id`` and item references are refused (``TranslationError``, a 400 to the
 client) rather than silently ignored. Function tools are translated; hosted tools
 (web search, file search, ...) are refused.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from triogate.errors import TranslationError
 from triogate.providers.translate_chat_messages import strip_id
 
 if TYPE_CHECKING:
@@ -30,30 +31,30 @@ def _input_part(part: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "input_image":
         url = part.get("image_url")
         if not url:
-            raise ValueError("input_image needs image_url (file ids are not supported)")
+            raise TranslationError("input_image needs image_url (file ids are not supported)")
         detail = {"detail": part["detail"]} if part.get("detail") else {}
         return {"type": "image_url", "image_url": {"url": url, **detail}}
-    raise ValueError(f"input content of type {kind!r} is not supported")
+    raise TranslationError(f"input content of type {kind!r} is not supported")
 
 
 def _message(item: Mapping[str, Any]) -> dict[str, Any]:
     role = _ROLES.get(item.get("role", ""))
     if role is None:
-        raise ValueError(f"input message role {item.get('role')!r} is not supported")
+        raise TranslationError(f"input message role {item.get('role')!r} is not supported")
     content = item.get("content")
     if isinstance(content, str):
         return {"role": role, "content": content}
     parts = [_input_part(p) for p in content or ()]
     if role != "user" or all(p["type"] == "text" for p in parts):
         if any(p["type"] != "text" for p in parts):
-            raise ValueError(f"{role} messages can only carry text")
+            raise TranslationError(f"{role} messages can only carry text")
         return {"role": role, "content": "".join(p["text"] for p in parts)}
     return {"role": role, "content": parts}
 
 
 def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     if tool.get("type") != "function":
-        raise ValueError(f"tool of type {tool.get('type')!r} is not supported by triogate")
+        raise TranslationError(f"tool of type {tool.get('type')!r} is not supported by triogate")
     function = {"name": tool.get("name", "")}
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
@@ -66,7 +67,7 @@ def _tool_choice(choice: Any) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name", "")}}
-    raise ValueError(f"tool_choice {choice!r} is not supported")
+    raise TranslationError(f"tool_choice {choice!r} is not supported")
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
@@ -78,7 +79,7 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     if fmt.get("type") == "json_schema":
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
-    raise ValueError(f"text.format {fmt.get('type')!r} is not supported")
+    raise TranslationError(f"text.format {fmt.get('type')!r} is not supported")
 
 
 def responses_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,10 +89,11 @@ def responses_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     ``function_call_output``. ``instructions`` becomes the first system message.
 
     Raises:
-        ValueError: ``previous_response_id``, item references, hosted tools, ...
+        TranslationError: ``previous_response_id``, item references, hosted tools, ...
     """
     if body.get("previous_response_id"):
-        raise ValueError("previous_response_id is not supported: triogate stores no responses")
+        raise TranslationError(
+            "previous_response_id is not supported: triogate stores no responses")
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": str(body["instructions"])})
@@ -127,7 +129,7 @@ def responses_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
         elif kind == "reasoning":
             continue
         else:
-            raise ValueError(f"input item of type {kind!r} is not supported")
+            raise TranslationError(f"input item of type {kind!r} is not supported")
     out: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     for key in ("temperature", "top_p", "stream", "parallel_tool_calls", "user"):
         if body.get(key) is not None:
