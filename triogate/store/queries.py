@@ -213,11 +213,13 @@ class Store:
         *,
         team_id: str | None = None,
         user_id: str | None = None,
+        key_alias: str | None = None,
         page: int = 1,
         size: int = 100,
     ) -> tuple[list[KeyRow], int]:
         """A page of keys (oldest first) and the total matching the filters."""
-        return await self._list(ent.KEYS, {"team_id": team_id, "user_id": user_id}, page, size)
+        filters = {"team_id": team_id, "user_id": user_id, "key_alias": key_alias}
+        return await self._list(ent.KEYS, filters, page, size)
 
     # ------------------------------------------------------------------------ teams
 

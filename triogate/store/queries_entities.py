@@ -70,7 +70,7 @@ KEYS = Entity(
     table=schema.keys,
     row_cls=KeyRow,
     id_field="token_hash",
-    list_filters=("team_id", "user_id"),
+    list_filters=("team_id", "user_id", "key_alias"),
 )
 TEAMS = Entity(name="team", table=schema.teams, row_cls=TeamRow, id_field="team_id")
 USERS = Entity(

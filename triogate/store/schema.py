@@ -58,6 +58,8 @@ keys = sa.Table(
     sa.Column("expires_at", sa.BigInteger, nullable=True),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    # LiteLLM finds keys by alias: two keys with one alias would make that ambiguous.
+    sa.Index("ux_keys_key_alias", "key_alias", unique=True),
 )
 
 teams = sa.Table(

@@ -23,7 +23,7 @@ from triogate.api.admin.fields import FieldContext
 from triogate.api.errors import ApiError
 from triogate.batch import BackendUnavailable, BatchError, open_batch_scope
 from triogate.errors import StoreError
-from triogate.governance.budgets import budget_state
+from triogate.governance.budgets import BudgetState, budget_state
 from triogate.store import StoreConflict
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
     from triogate.api.http import Request
     from triogate.api.services import Services
-    from triogate.governance.budgets import BudgetState
     from triogate.governance.principals import Principal
     from triogate.store import Store
 
@@ -123,7 +122,11 @@ async def budget_states(
         ]
     states: list[BudgetState | None] = []
     degraded = False
-    for part in parts:
+    for part, principal in zip(parts, principals, strict=True):
+        if principal.limits.max_budget_nanousd is None and services.store is not None:
+            # No budget, so no counter in Redis: the spend logs hold what it spent.
+            states.append(await _logged_spend(services.store, principal))
+            continue
         try:
             states.append(part.result())
         except (BatchError, ValueError, TypeError) as exc:
@@ -131,3 +134,19 @@ async def budget_states(
             states.append(None)
             degraded = True
     return states, dict(DEGRADED) if degraded else {}
+
+
+#: The spend-log filter naming each kind of principal.
+_SPEND_FILTER = {"key": "key_hash", "team": "team_id", "user": "user_id",
+                 "end_user": "end_user", "tag": "tag"}
+
+
+async def _logged_spend(store: Store, principal: Principal) -> BudgetState | None:
+    """Lifetime spend from the spend logs (principals without a budget). A checkpoint."""
+    try:
+        totals = await store.spend_totals(**{_SPEND_FILTER[principal.kind]: principal.id})
+    except StoreError as exc:
+        logger.warning("admin: spend of %s unreadable: %s", principal.kind, exc)
+        return None
+    return BudgetState(period=0, period_end_ms=None, spend_nanousd=totals.cost_nanousd,
+                       reserved_nanousd=0, max_budget_nanousd=None)

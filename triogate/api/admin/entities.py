@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 
 from triogate.api import auth
+from triogate.api.admin.bounds import bad
 from triogate.api.admin.common import (
     announce,
     begin,
@@ -32,7 +33,6 @@ from triogate.api.admin.fields import (
     TEAM_FIELDS,
     USER_FIELDS,
     Converter,
-    bad,
     only,
     page_count,
     paging,
@@ -210,11 +210,16 @@ async def set_blocked(api: EntityApi, blocked: bool, services: Services, request
     """POST /<entity>/block and /unblock: one id, or a list of them."""
     body = await begin(services, request)
     ids = _ids(api, body)
+    store = store_of(services)
+    with sql(f"look up {api.label}s"):
+        found = await api.store_call(store, "get")(ids)
+    missing = [i for i in ids if i not in found]
+    if missing and not (api.block_creates and blocked):
+        # All or nothing: no id is changed unless every one exists.
+        raise ApiError(404, f"{api.label}(s) not found: {', '.join(map(repr, missing))}; "
+                       "nothing was changed", "not_found_error", param=api.delete_param)
     if api.block_creates and blocked:
         # LiteLLM blocks end users it has never seen: create them blocked.
-        store = store_of(services)
-        with sql(f"look up {api.label}s"):
-            found = await api.store_call(store, "get")(ids)
         for ident in ids:
             if ident not in found:
                 with sql(f"create {api.label} '{ident}'"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from triogate.api import auth
+from triogate.api.admin.bounds import check_custom_key
 from triogate.api.admin.common import (
     announce,
     begin,
@@ -22,7 +23,6 @@ from triogate.api.admin.common import (
 )
 from triogate.api.admin.fields import (
     KEY_FIELDS,
-    bad,
     key_candidates,
     only,
     page_count,
@@ -42,11 +42,6 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
     from triogate.store import KeyRow, Store
 
-#: A key chosen by the admin must look like one (LiteLLM's rule), so that it can never
-#: be mistaken for a key's hash.
-CUSTOM_KEY_PREFIX = "sk-"
-
-
 async def require_team(store: Store, team_id: str | None) -> None:
     """400 unless ``team_id`` (when given) names an existing team. A checkpoint."""
     if team_id is None:
@@ -65,23 +60,28 @@ async def find_key(store: Store, ref: str) -> KeyRow | None:
     return next(iter(found.values()), None)
 
 
-def _custom_key(body: dict[str, Any]) -> str | None:
-    raw = body.get("key")
-    if raw is None:
-        return None
-    if not isinstance(raw, str) or not raw.startswith(CUSTOM_KEY_PREFIX) or len(raw) < 8:
-        raise bad("key", f"must be a string starting with '{CUSTOM_KEY_PREFIX}' "
-                         "(at least 8 characters)")
-    return raw
+async def require_alias_free(store: Store, alias: str | None, token_hash: str | None = None
+                             ) -> None:
+    """409 when another key already has ``alias`` (LiteLLM finds keys by alias). A
+    checkpoint. The unique index on ``key_alias`` closes the race between two admins."""
+    if alias is None:
+        return
+    with sql("look up key alias"):
+        rows, _ = await store.list_keys(key_alias=alias, page=1, size=2)
+    if any(r.token_hash != token_hash for r in rows):
+        raise ApiError(409, f"another key already has key_alias '{alias}'",
+                       "invalid_request_error", param="key_alias", code="conflict")
 
 
 async def generate(services: Services, request: Request) -> Response:
     """POST /key/generate: a new key; the raw key is in this response and nowhere else."""
     body = await begin(services, request)
     fields = parse_fields(body, KEY_FIELDS, context(services), extra=frozenset({"key"}))
-    raw_key = _custom_key(body)
+    raw_key = None if body.get("key") is None else check_custom_key(
+        body["key"], services.config.master_key)
     store = store_of(services)
     await require_team(store, fields.get("team_id"))
+    await require_alias_free(store, fields.get("key_alias"))
     with sql("create key"):
         raw, row = await store.create_key(raw_key=raw_key, **fields)
     # A chosen key may have been tried before, and be remembered as unknown.
@@ -94,6 +94,7 @@ async def _update(services: Services, ref: str, fields: dict[str, Any]) -> Respo
     row = await find_key(store, ref)
     if row is None:
         raise not_found("key", "(given)", "key")
+    await require_alias_free(store, fields.get("key_alias"), row.token_hash)
     with sql("update key"):
         updated = await store.update_key(row.token_hash, **fields)
     if updated is None:  # deleted meanwhile
