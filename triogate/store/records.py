@@ -87,6 +87,8 @@ class KeyRow:
         expires_at_ms: when the key stops working (epoch ms); None = never.
         blocked: refuse every request.
         created_at_ms, updated_at_ms: epoch ms.
+        aliases: model aliases of this key (requested name → model group).
+        budget_id: a shared budget (``budgets`` table) whose limits apply to the key.
     """
 
     token_hash: str
@@ -110,6 +112,8 @@ class KeyRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    aliases: Mapping[str, str] = attrs.Factory(dict)
+    budget_id: str | None = None
 
 
 @final
@@ -131,6 +135,8 @@ class TeamRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    model_aliases: Mapping[str, str] = attrs.Factory(dict)
+    budget_id: str | None = None
 
 
 @final
@@ -153,6 +159,8 @@ class UserRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    user_role: str | None = None
+    budget_id: str | None = None
 
 
 @final
@@ -173,6 +181,7 @@ class EndUserRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    budget_id: str | None = None
 
 
 @final

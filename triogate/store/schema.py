@@ -58,6 +58,9 @@ keys = sa.Table(
     sa.Column("expires_at", sa.BigInteger, nullable=True),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    # Added after the first release: nullable, so ``migrate.upgrade`` can add them.
+    sa.Column("aliases", sa.JSON, nullable=True),
+    sa.Column("budget_id", sa.Text, nullable=True),
     # LiteLLM finds keys by alias: two keys with one alias would make that ambiguous.
     sa.Index("ux_keys_key_alias", "key_alias", unique=True),
 )
@@ -73,6 +76,8 @@ teams = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    sa.Column("model_aliases", sa.JSON, nullable=True),
+    sa.Column("budget_id", sa.Text, nullable=True),
 )
 
 users = sa.Table(
@@ -87,6 +92,8 @@ users = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    sa.Column("user_role", sa.Text, nullable=True),
+    sa.Column("budget_id", sa.Text, nullable=True),
 )
 
 end_users = sa.Table(
@@ -99,6 +106,7 @@ end_users = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    sa.Column("budget_id", sa.Text, nullable=True),
 )
 
 tags = sa.Table(

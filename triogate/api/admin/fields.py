@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from triogate.api.admin import compat
 from triogate.api.admin.bounds import (
     MAX_ITEMS,
     MAX_PAGE,
@@ -230,6 +231,32 @@ def _expires(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
     return {"expires_at_ms": None if value is None else parse_time_ms(name, value)}
 
 
+def aliases(column: str) -> Converter:
+    """``{requested model: model group}`` (or null = none) stored as ``column``."""
+
+    def convert(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+        if value is None:
+            return {column: {}}
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+        ):
+            raise bad(name, "must be an object mapping model names to model group names")
+        _check_names(name, [*value, *value.values()])
+        return {column: dict(value)}
+
+    return convert
+
+
+#: LiteLLM's user roles (``proxy_admin`` ... ``internal_user_viewer``); see api/roles.py.
+USER_ROLES = ("proxy_admin", "proxy_admin_viewer", "internal_user", "internal_user_viewer")
+
+
+def _user_role(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is not None and value not in USER_ROLES:
+        raise bad(name, f"must be one of {', '.join(USER_ROLES)} (or null)")
+    return {"user_role": value}
+
+
 _LIMITS: dict[str, Converter] = {
     "max_budget": _max_budget,
     "budget_duration": _budget_duration,
@@ -243,29 +270,34 @@ _PRINCIPAL: dict[str, Converter] = {
     "blocked": _blocked,
 }
 
-#: Body fields per entity (ids and request-only fields are handled by the handlers).
-KEY_FIELDS: Mapping[str, Converter] = {
+#: Body fields per entity (ids and request-only fields are handled by the handlers):
+#: LiteLLM's names, implemented ones and accepted-as-no-op ones (``compat.py``).
+KEY_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL,
     "key_alias": text("key_alias"),
     "team_id": text("team_id"),
     "user_id": text("user_id"),
     "models": _models,
+    "aliases": aliases("aliases"),
     "model_rpm_limit": model_limits("model_rpm_limit"),
     "model_tpm_limit": model_limits("model_tpm_limit"),
     "tags": _tags,
     "duration": _duration,
     "expires": _expires,
-}
-TEAM_FIELDS: Mapping[str, Converter] = {
+}, compat.KEY_NOOP)
+TEAM_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL, "team_alias": text("team_alias"), "models": _models,
-}
-USER_FIELDS: Mapping[str, Converter] = {
+    "model_aliases": aliases("model_aliases"),
+}, compat.TEAM_NOOP)
+USER_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL,
     "user_email": text("user_email"),
     "user_alias": text("user_alias"),
     "models": _models,
-}
-END_USER_FIELDS: Mapping[str, Converter] = {**_PRINCIPAL, "alias": text("alias")}
+    "user_role": _user_role,
+}, compat.USER_NOOP)
+END_USER_FIELDS: Mapping[str, Converter] = compat.table(
+    {**_PRINCIPAL, "alias": text("alias")}, compat.END_USER_NOOP)
 TAG_FIELDS: Mapping[str, Converter] = {**_LIMITS, "description": text("description")}
 
 
@@ -370,7 +402,7 @@ def render_row(row: Any) -> dict[str, Any]:
         if name in _HIDDEN:
             continue
         if name == "token_hash":
-            out["token"] = value
+            out["token"] = out["token_id"] = value
         elif name == "key_hint":
             out["key_name"] = out["key_hint"] = value
         elif name == "tag":
