@@ -112,7 +112,7 @@ async def test_errors_print_the_api_message_and_exit_1(gateway: Gateway) -> None
     code, _, err = await cli(gateway, "keys", "list", environ={})
     assert code == 1 and "401" in err
     code, _, err = await cli(gateway, "teams", "list", "--master-key", "sk-wrong")
-    assert code == 1 and "403" in err and "master key" in err
+    assert code == 1 and "401" in err and "invalid API key" in err
 
 
 async def test_an_unreachable_gateway_is_a_clear_error() -> None:

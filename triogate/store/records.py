@@ -203,6 +203,40 @@ class TagRow:
 
 @final
 @attrs.frozen(kw_only=True)
+class BudgetRow:
+    """A shared budget (LiteLLM's budget table); entities name it by ``budget_id``.
+
+    Its limits apply to each principal that names it, counted per principal (as in
+    LiteLLM: two end users on one budget each get the whole budget).
+    """
+
+    budget_id: str
+    max_budget_nanousd: int | None = None
+    budget_duration: str | None = None
+    budget_duration_s: int | None = None
+    budget_anchor_s: int | None = None
+    tpm_limit: int | None = None
+    rpm_limit: int | None = None
+    max_parallel_requests: int | None = None
+    created_at_ms: int = 0
+    updated_at_ms: int = 0
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TeamMember:
+    """One member of a team: ``role`` is ``"admin"`` (manages members and the team's
+    keys) or ``"user"``."""
+
+    team_id: str
+    user_id: str
+    role: str
+    user_email: str | None = None
+    created_at_ms: int = 0
+
+
+@final
+@attrs.frozen(kw_only=True)
 class SpendLogRow:
     """One request, for reports. Written in batches by the spend-log writer.
 

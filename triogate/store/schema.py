@@ -118,6 +118,29 @@ tags = sa.Table(
     *_times(),
 )
 
+#: LiteLLM's ``members_with_roles``: who is in a team, as ``admin`` or ``user``.
+team_members = sa.Table(
+    "team_members",
+    metadata,
+    sa.Column("team_id", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("user_email", sa.Text, nullable=True),
+    sa.Column("created_at", sa.BigInteger, nullable=False),
+    sa.Index("ix_team_members_user", "user_id"),
+)
+
+#: LiteLLM's budget table: limits shared by every key, team, user or end user whose
+#: ``budget_id`` names it.
+budgets = sa.Table(
+    "budgets",
+    metadata,
+    sa.Column("budget_id", sa.Text, primary_key=True),
+    *_budget_columns(),
+    sa.Column("max_parallel_requests", sa.BigInteger, nullable=True),
+    *_times(),
+)
+
 spend_logs = sa.Table(
     "spend_logs",
     metadata,
@@ -161,4 +184,4 @@ spend_log_tags = sa.Table(
 )
 
 #: Entity tables in the order reports and tests walk them.
-ENTITY_TABLES = (keys, teams, users, end_users, tags)
+ENTITY_TABLES = (keys, teams, users, end_users, tags, budgets)

@@ -1,6 +1,6 @@
 """What every admin handler does around its query: auth, SQL errors, propagation, spend.
 
-* :func:`begin` checks the master key and reads the body (size-limited).
+* :func:`begin` reads the body (size-limited); ``roles.authorize`` ran before it.
 * :func:`sql` maps the store's failures: a conflict is a 409, anything else a 503 whose
   message names no table, statement or secret (the details go to the log).
 * :func:`announce` tells every gateway process about a change (identity generation
@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import auth
 from triogate.api.admin.fields import FieldContext
 from triogate.api.errors import ApiError
 from triogate.batch import BackendUnavailable, BatchError, open_batch_scope
@@ -48,8 +47,7 @@ def store_of(services: Services) -> Store:
 
 
 async def begin(services: Services, request: Request) -> dict[str, Any]:
-    """Master key, then the JSON body (size-limited). A checkpoint."""
-    auth.require_master(services, request)
+    """The JSON body (size-limited; the caller was authorized by ``roles``). A checkpoint."""
     return await request.json(services.config.settings.max_body_bytes)
 
 

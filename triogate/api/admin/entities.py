@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from triogate.api import auth
 from triogate.api.admin.bounds import bad
 from triogate.api.admin.common import (
     announce,
@@ -38,6 +37,7 @@ from triogate.api.admin.fields import (
     paging,
     parse_fields,
     render_budget,
+    render_member,
     render_row,
     required_str,
     str_list,
@@ -54,6 +54,7 @@ from triogate.governance.from_rows import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services
     from triogate.governance.principals import Principal
@@ -144,13 +145,14 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
     return row, headers
 
 
-async def new(api: EntityApi, services: Services, request: Request) -> Response:
+async def new(api: EntityApi, services: Services, request: Request, caller: Caller
+              ) -> Response:
     """POST /<entity>/new."""
     row, headers = await _create(api, services, await begin(services, request))
     return Response.json(render_row(row), headers=headers)
 
 
-async def user_new(services: Services, request: Request) -> Response:
+async def user_new(services: Services, request: Request, caller: Caller) -> Response:
     """POST /user/new: the user and, unless ``auto_create_key`` is false, a key for it.
 
     ``key_alias`` and ``duration`` describe that key; its raw value is in ``key``.
@@ -186,7 +188,8 @@ async def _apply(api: EntityApi, services: Services, ident: str, fields: dict[st
     return row, await announce(services, (api.kind, ident))
 
 
-async def update(api: EntityApi, services: Services, request: Request) -> Response:
+async def update(api: EntityApi, services: Services, request: Request, caller: Caller
+                 ) -> Response:
     """POST /<entity>/update: the id plus the fields to change."""
     body = await begin(services, request)
     ident = required_str(body, api.id_param)
@@ -205,8 +208,8 @@ def _ids(api: EntityApi, body: dict[str, Any]) -> list[str]:
     raise ApiError(400, f"missing required field '{api.delete_param}'", param=api.delete_param)
 
 
-async def set_blocked(api: EntityApi, blocked: bool, services: Services, request: Request
-                      ) -> Response:
+async def set_blocked(api: EntityApi, blocked: bool, services: Services, request: Request,
+                      caller: Caller) -> Response:
     """POST /<entity>/block and /unblock: one id, or a list of them."""
     body = await begin(services, request)
     ids = _ids(api, body)
@@ -235,7 +238,8 @@ async def set_blocked(api: EntityApi, blocked: bool, services: Services, request
     return Response.json(out, headers=headers)
 
 
-async def delete(api: EntityApi, services: Services, request: Request) -> Response:
+async def delete(api: EntityApi, services: Services, request: Request, caller: Caller
+                 ) -> Response:
     """POST /<entity>/delete: every id must exist, or nothing is deleted."""
     body = await begin(services, request)
     ids = _ids(api, body)
@@ -262,14 +266,19 @@ async def _info_of(api: EntityApi, services: Services, ident: str
     return {**render_row(row), **render_budget(states[0])}, row, headers
 
 
-async def info(api: EntityApi, services: Services, request: Request) -> Response:
+async def info(api: EntityApi, services: Services, request: Request, caller: Caller
+               ) -> Response:
     """GET /<entity>/info?<info_param>=: the row, this period's spend, and (teams, users)
-    its keys, in LiteLLM's shape."""
-    auth.require_master(services, request)
-    ident = request.query.get(api.info_param)
+    its keys, in LiteLLM's shape. Without the id: the caller's own user (or key's team)."""
+    ident = request.query.get(api.info_param) or (
+        caller.user_id if api.kind == "user" else caller.team_id if api.kind == "team"
+        else None)
     if not ident:
         raise ApiError(400, f"missing query parameter '{api.info_param}'",
                        param=api.info_param)
+    if (api.kind == "team" and not caller.may_read_team(ident)) or (
+            api.kind == "user" and not caller.may_read_user(ident)):
+        raise not_found(api.label, ident, api.info_param)
     details, _, headers = await _info_of(api, services, ident)
     if api.info_key is None:
         if api.kind == "end_user":  # LiteLLM nests an end user's limits
@@ -283,16 +292,23 @@ async def info(api: EntityApi, services: Services, request: Request) -> Response
         store = store_of(services)
         with sql(f"list the keys of {api.label} '{ident}'"):
             keys, _ = await store.list_keys(**{api.keys_filter: ident}, page=1, size=1000)
-        out["keys"] = [render_row(k) for k in keys]
+        out["keys"] = [render_row(k) for k in keys if caller.may_read_key(k)]
         if api.kind == "user":
-            team_ids = sorted({k.team_id for k in keys if k.team_id})
             with sql(f"look up the teams of user '{ident}'"):
+                memberships = await store.memberships(ident)
+                team_ids = sorted({k.team_id for k in keys if k.team_id}
+                                  | {m.team_id for m in memberships})
                 teams = await store.get_teams(team_ids)
             out["teams"] = [render_row(t) for t in teams.values()]
+        else:
+            with sql(f"list the members of team '{ident}'"):
+                members = (await store.team_members([ident]))[ident]
+            details["members_with_roles"] = [render_member(m) for m in members]
+            out["team_memberships"] = details["members_with_roles"]
     return Response.json(out, headers=headers)
 
 
-async def tag_info_many(services: Services, request: Request) -> Response:
+async def tag_info_many(services: Services, request: Request, caller: Caller) -> Response:
     """POST /tag/info ``{"names": [...]}`` (LiteLLM's form): ``{name: info}``."""
     body = await begin(services, request)
     only(body, "names")
@@ -304,14 +320,25 @@ async def tag_info_many(services: Services, request: Request) -> Response:
     return Response.json(out, headers=headers)
 
 
-async def list_all(api: EntityApi, services: Services, request: Request) -> Response:
+async def list_all(api: EntityApi, services: Services, request: Request, caller: Caller
+                   ) -> Response:
     """GET /<entity>/list?page=&size=: a bare array (LiteLLM's shape), or for users a
-    paged object."""
-    auth.require_master(services, request)
+    paged object. Users who are not admins or viewers list the teams they belong to."""
     page, size = paging(request.query, default_size=100 if api.list_key else 1000)
-    with sql(f"list {api.label}s"):
-        rows, total = await api.store_call(store_of(services), "list")(page=page, size=size)
+    store = store_of(services)
+    if caller.sees_all:
+        with sql(f"list {api.label}s"):
+            rows, total = await api.store_call(store, "list")(page=page, size=size)
+    else:  # only teams reach here (RULES): the caller's own
+        with sql(f"list {api.label}s"):
+            found = await store.get_teams(sorted(caller.member_of))
+        rows, total = list(found.values()), len(found)
     items = [render_row(r) for r in rows]
+    if api.kind == "team":
+        with sql("list team members"):
+            members = await store.team_members([r.team_id for r in rows])
+        for item in items:
+            item["members_with_roles"] = [render_member(m) for m in members[item["team_id"]]]
     if api.list_key is None:
         return Response.json(items)
     return Response.json({api.list_key: items, "total": total, "page": page,

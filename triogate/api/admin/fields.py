@@ -425,6 +425,11 @@ def render_row(row: Any) -> dict[str, Any]:
     return out
 
 
+def render_member(member: Any) -> dict[str, Any]:
+    """A team member as LiteLLM's ``members_with_roles`` entry."""
+    return {"user_id": member.user_id, "user_email": member.user_email, "role": member.role}
+
+
 def render_budget(state: BudgetState | None) -> dict[str, Any]:
     """This period's spend as info endpoints show it (nulls when Redis did not answer)."""
     if state is None:
