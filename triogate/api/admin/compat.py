@@ -116,7 +116,8 @@ KEY_NOOP: dict[str, Converter] = {
 TEAM_NOOP: dict[str, Converter] = {
     **_COMMON,
     "admins": _n("the old admins list; use members_with_roles"),
-    "members_with_roles": _n("team members (/team/member_add)"),
+    "members_with_roles": _n("changing members here; use /team/member_add and "
+                             "/team/member_delete (accepted on /team/new)"),
     "members": _n("the old members list; use members_with_roles"),
     "team_member_permissions": _PERMS,
     "team_member_budget": _TEAM_MEMBER,

@@ -42,6 +42,7 @@ from triogate.api.admin.fields import (
     required_str,
     str_list,
 )
+from triogate.api.admin.members import member_ids, parse_members
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.governance.from_rows import (
@@ -147,9 +148,24 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
 
 async def new(api: EntityApi, services: Services, request: Request, caller: Caller
               ) -> Response:
-    """POST /<entity>/new."""
-    row, headers = await _create(api, services, await begin(services, request))
-    return Response.json(render_row(row), headers=headers)
+    """POST /<entity>/new (a team may come with its ``members_with_roles``)."""
+    body = await begin(services, request)
+    members: list[Any] = []
+    if api.kind == "team" and body.get("members_with_roles"):
+        body = dict(body)
+        wanted = parse_members("members_with_roles", body.pop("members_with_roles"))
+        parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
+        members, create = await member_ids(store_of(services), wanted)
+    row, headers = await _create(api, services, body)
+    out = render_row(row)
+    if api.kind == "team":
+        if members:
+            with sql(f"add members to team '{row.team_id}'"):
+                await store_of(services).change_team_members(row.team_id, add=members,
+                                                             create_users=create)
+        out["members_with_roles"] = [{"user_id": u, "user_email": e, "role": r}
+                                     for u, r, e in members]
+    return Response.json(out, headers=headers)
 
 
 async def user_new(services: Services, request: Request, caller: Caller) -> Response:
@@ -166,6 +182,8 @@ async def user_new(services: Services, request: Request, caller: Caller) -> Resp
     user_body = {k: v for k, v in body.items() if k not in _USER_KEY_FIELDS}
     if not auto and key_body:
         raise bad(next(iter(key_body)), "describes the user's key: set auto_create_key")
+    if user_body.get("user_role") is None:
+        user_body["user_role"] = "internal_user"  # LiteLLM's default for /user/new
     row, headers = await _create(USERS, services, user_body,
                                  extra=frozenset({"auto_create_key"}))
     out = render_row(row)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from triogate.api.admin import keys as admin_keys
+from triogate.api.admin import members as admin_members
 from triogate.api.admin import spend as admin_spend
 from triogate.api.admin.entities import END_USERS, TAGS, TEAMS, USERS, handlers, tag_info_many
 from triogate.api.admin.entities import user_new as _user_new
@@ -55,6 +56,9 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
         ("GET", "/spend/logs"): admin_spend.spend_logs,
         ("GET", "/spend/daily"): admin_spend.spend_daily,
         ("POST", "/tag/info"): tag_info_many,
+        ("POST", "/team/member_add"): admin_members.member_add,
+        ("POST", "/team/member_delete"): admin_members.member_delete,
+        ("POST", "/team/member_update"): admin_members.member_update,
     }
     verbs = {"new": "POST", "update": "POST", "delete": "POST", "info": "GET", "list": "GET",
              "block": "POST", "unblock": "POST"}
