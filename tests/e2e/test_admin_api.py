@@ -96,13 +96,13 @@ async def status_of(gateway: Gateway, key: str, model: str = "gpt-test") -> int:
 # --------------------------------------------------------------------------- auth
 
 
-async def test_admin_routes_need_the_master_key(gateway: Gateway, api: Admin) -> None:
-    key = (await api.post("/key/generate", {}))["key"]
-    for who, status in ((None, 401), ("sk-nobody", 403), (key, 403)):
+async def test_admin_routes_need_a_known_key_with_the_right_role(gateway: Gateway,
+                                                                  api: Admin) -> None:
+    key = (await api.post("/key/generate", {}))["key"]  # no user: role "key"
+    for who, status in ((None, 401), ("sk-nobody", 401), (key, 403)):
         async with admin_client(gateway, who) as other:
             await other.post("/key/generate", {}, status=status)
-            await other.get("/team/list", status=status)
-            error = await other.get("/spend/logs", status=status)
+            error = await other.get("/team/list", status=status)
             assert error["error"]["type"] in ("authentication_error", "permission_error")
 
 
@@ -157,9 +157,9 @@ async def test_key_generate_info_update_list_delete(api: Admin) -> None:
 
 
 async def test_custom_key_and_conflict(api: Admin) -> None:
-    created = await api.post("/key/generate", {"key": "sk-my-own-key-123"})
-    assert created["key"] == "sk-my-own-key-123"
-    error = await api.post("/key/generate", {"key": "sk-my-own-key-123"}, status=409)
+    created = await api.post("/key/generate", {"key": "sk-my-own-key-1234567890"})
+    assert created["key"] == "sk-my-own-key-1234567890"
+    error = await api.post("/key/generate", {"key": "sk-my-own-key-1234567890"}, status=409)
     assert "already exists" in error["error"]["message"]
     await api.post("/key/generate", {"key": "not-an-sk-key"}, status=400)
 
@@ -275,9 +275,8 @@ async def test_tag_crud(api: Admin) -> None:
     ({"max_budget": -1}, "max_budget", "must not be negative"),
     ({"max_budget": True}, "max_budget", "must be a number"),
     ({"max_budget": "NaN"}, "max_budget", "finite"),
-    ({"models": ["gpt-test", "gpt-5-imaginary"]}, "models", "'gpt-5-imaginary'"),
     ({"models": "gpt-test"}, "models", "must be a list"),
-    ({"model_tpm_limit": {"nope": 5}}, "model_tpm_limit", "'nope'"),
+    ({"model_tpm_limit": {"gpt-test": -5}}, "model_tpm_limit", "non-negative"),
     ({"team_id": "ghost-team"}, "team_id", "team 'ghost-team' does not exist"),
     ({"rpm_limit": "5"}, "rpm_limit", "non-negative integer"),
     ({"rpm_limit": -1}, "rpm_limit", "non-negative integer"),
@@ -459,7 +458,7 @@ async def test_redis_down_keeps_the_sql_change_and_says_degraded(
                             triogate={"redis": {"timeout_s": 0.5}})
     with trio.fail_after(60):
         async with running_gateway(config) as gw, admin_client(gw) as api:
-            team = await api.http.post("/team/new", json={"team_id": "t1"})
+            team = await api.http.post("/team/new", json={"team_id": "t1", "max_budget": 1})
             assert team.status_code == 200
             assert team.headers["x-triogate-degraded"] == "redis"
             updated = await api.http.post("/team/update", json={"team_id": "t1",

@@ -8,6 +8,7 @@ API's own error shape; the key itself never reaches a log line.
 from __future__ import annotations
 
 import hmac
+from functools import partial
 from typing import TYPE_CHECKING
 
 from triogate.api.errors import ApiError
@@ -64,8 +65,15 @@ async def resolve(
         return MASTER
     if services.identities is None:
         return _bad_key()
-    return await services.identities.resolve(batch, key, group=group, end_user=end_user,
-                                             tags=tags, now_ms=services.clock_ms())
+    return await services.identities.resolve(
+        batch, key, group=group, end_user=end_user, tags=tags, now_ms=services.clock_ms(),
+        providers=partial(group_providers, services, group or ""),
+    )
+
+
+def group_providers(services: Services, group: str) -> frozenset[str]:
+    """The providers of ``group``'s deployments (``openai/*`` entries match on them)."""
+    return frozenset(d.provider for d in services.config.deployments if d.group == group)
 
 
 async def authenticate_only(services: Services, request: Request) -> Identity | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -115,6 +116,8 @@ async def models(services: Services, request: Request) -> Response:
     data = [
         {"id": group, "object": "model", "created": 0, "owned_by": "triogate"}
         for group in services.config.groups
-        if identity is None or identity.key.allows_model(group)
+        if identity is None
+        or identity.first_refusing(group, providers=partial(auth.group_providers, services, group))
+        is None
     ]
     return Response.json({"object": "list", "data": data})

@@ -40,6 +40,7 @@ def key_principal(row: KeyRow) -> Principal:
         model_rpm=dict(row.model_rpm_limit),
         model_tpm=dict(row.model_tpm_limit),
         alias=row.key_alias,
+        aliases=dict(row.aliases),
     )
 
 
@@ -52,6 +53,7 @@ def team_principal(row: TeamRow) -> Principal:
         models=row.models,
         blocked=row.blocked,
         alias=row.team_alias,
+        aliases=dict(row.model_aliases),
     )
 
 
@@ -64,6 +66,7 @@ def user_principal(row: UserRow) -> Principal:
         models=row.models,
         blocked=row.blocked,
         alias=row.user_alias or row.user_email,
+        role=row.user_role,
     )
 
 

@@ -267,8 +267,12 @@ class IdentityResolver:
     async def resolve(
         self, batch: Batch, raw_key: str, *, group: str | None, end_user: str | None,
         tags: Sequence[str], now_ms: int,
+        providers: Callable[[], frozenset[str]] = frozenset,
     ) -> Identity | Rejected:
         """The identity of ``raw_key`` for this request, or why it is refused.
+
+        ``providers`` gives the providers of ``group``'s deployments (for ``openai/*``
+        entries in a ``models`` list); called only when such an entry is met.
 
         A checkpoint. Declares nothing when every row is fresh in memory; else one MGET
         (and SQL reads, whose write-back rides the next round).
@@ -291,7 +295,7 @@ class IdentityResolver:
                 rows.update(await self._rows(batch, extra))
         else:
             await trio.lowlevel.checkpoint()
-        return self._identity(rows, key_hash, group, end_user, tags, now_ms)
+        return self._identity(rows, key_hash, group, end_user, tags, now_ms, providers)
 
     async def _rows(self, batch: Batch, wanted: list[tuple[str, str]]
                     ) -> dict[tuple[str, str], Row]:
@@ -392,6 +396,7 @@ class IdentityResolver:
     def _identity(
         self, rows: dict[tuple[str, str], Row], key_hash: str, group: str | None,
         end_user: str | None, tags: Sequence[str], now_ms: int,
+        providers: Callable[[], frozenset[str]],
     ) -> Identity | Rejected:
         bundle = rows[("key", key_hash)]
         if not isinstance(bundle, KeyBundle):
@@ -407,14 +412,6 @@ class IdentityResolver:
                 label = party.kind.replace("_", " ")
                 return _reject(403, f"{party.kind}_blocked",
                                f"{label} '{party.alias or party.id}' is blocked")
-        if group is not None:
-            for party in (key, bundle.team, bundle.user):
-                if party is not None and not party.allows_model(group):
-                    return _reject(
-                        403, "model_not_allowed",
-                        f"{party.kind} '{party.alias or party.id}' may not use model "
-                        f"'{group}'",
-                    )
         for tag in tags:
             row = rows.get(("tag", tag))
             if (isinstance(row, Principal) and _governed(row)
@@ -423,13 +420,21 @@ class IdentityResolver:
                                f"this key may not use tag '{tag}' (it has a budget or "
                                "limits, and is not among the key's or team's tags)")
         tag_rows = [rows.get(("tag", t)) for t in dict.fromkeys((*tags, *bundle.key_tags))]
-        return Identity(
+        identity = Identity(
             key=key,
             team=bundle.team,
             user=bundle.user,
             end_user=end if isinstance(end, Principal) else None,
             tags=tuple(t for t in tag_rows if isinstance(t, Principal)),
         )
+        if group is not None:
+            party = identity.first_refusing(group, providers=providers)
+            if party is not None:
+                return _reject(
+                    403, "model_not_allowed",
+                    f"{party.kind} '{party.alias or party.id}' may not use model '{group}'",
+                )
+        return identity
 
     # ------------------------------------------------------------------ changes
 

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
+from triogate.governance.model_access import model_allowed
+
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 KINDS = ("key", "team", "user", "end_user", "tag")
 
@@ -67,6 +69,8 @@ class Principal:
         expires_ms: for keys, when the key stops working (epoch ms).
         model_rpm, model_tpm: for keys, per-model-group limits.
         alias: a display name (key alias, team alias, ...), for logs and reports.
+        aliases: model aliases (a key's ``aliases``, a team's ``model_aliases``).
+        role: for users, the LiteLLM role (``proxy_admin``, ``internal_user``, ...).
     """
 
     kind: str
@@ -78,10 +82,15 @@ class Principal:
     model_rpm: Mapping[str, int] = attrs.Factory(dict)
     model_tpm: Mapping[str, int] = attrs.Factory(dict)
     alias: str | None = None
+    aliases: Mapping[str, str] = attrs.Factory(dict)
+    role: str | None = None
 
-    def allows_model(self, group: str) -> bool:
-        """Whether ``group`` is in ``models`` (or ``models`` is empty)."""
-        return not self.models or group in self.models or "*" in self.models
+    def allows_model(
+        self, group: str, *, providers: Callable[[], frozenset[str]] = lambda: frozenset(),
+        team_models: tuple[str, ...] | None = None,
+    ) -> bool:
+        """Whether ``models`` admits ``group`` (see ``model_access.model_allowed``)."""
+        return model_allowed(self.models, group, providers=providers, team_models=team_models)
 
 
 @final
@@ -95,6 +104,21 @@ class Identity:
     end_user: Principal | None = None
     tags: tuple[Principal, ...] = ()
     master: bool = False
+
+    def first_refusing(
+        self, group: str, *, providers: Callable[[], frozenset[str]] = lambda: frozenset()
+    ) -> Principal | None:
+        """The key, team or user whose ``models`` refuses ``group`` (None: allowed).
+
+        A key's ``all-team-models`` means its team's list.
+        """
+        team_models = self.team.models if self.team is not None else None
+        if not self.key.allows_model(group, providers=providers, team_models=team_models):
+            return self.key
+        for party in (self.team, self.user):
+            if party is not None and not party.allows_model(group, providers=providers):
+                return party
+        return None
 
     def principals(self) -> Iterator[Principal]:
         """Key, team, user, end user, then tags: every party present, in that order."""

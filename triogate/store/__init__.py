@@ -11,12 +11,14 @@ from ._threads import StoreDataError as StoreDataError
 from .queries import Store as Store
 from .queries import open_store as open_store
 from .queries_spend import SpendFilter as SpendFilter
+from .records import BudgetRow as BudgetRow
 from .records import DailySpend as DailySpend
 from .records import EndUserRow as EndUserRow
 from .records import KeyRow as KeyRow
 from .records import SpendLogRow as SpendLogRow
 from .records import SpendTotals as SpendTotals
 from .records import TagRow as TagRow
+from .records import TeamMember as TeamMember
 from .records import TeamRow as TeamRow
 from .records import UserRow as UserRow
 from .records import generate_key as generate_key

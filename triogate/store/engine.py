@@ -15,6 +15,7 @@ import sqlalchemy.exc
 
 from triogate.errors import StoreError
 
+from .migrate import upgrade
 from .schema import metadata
 
 if TYPE_CHECKING:
@@ -153,4 +154,5 @@ def create_schema(engine: Engine) -> None:
         else:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         metadata.create_all(conn)
+        upgrade(conn)
         conn.commit()

@@ -30,9 +30,9 @@ from . import queries_entities as ent
 from . import queries_spend as spend
 from ._threads import SqlThreads
 from .engine import create_schema, make_engine, parse_url, wall_clock_ms
+from .records import TeamMember, key_hint
 from .records import generate_key as generate_key
 from .records import hash_key as hash_key
-from .records import key_hint
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from .records import (
+        BudgetRow,
         DailySpend,
         EndUserRow,
         KeyRow,
@@ -214,11 +215,13 @@ class Store:
         *,
         team_id: str | None = None,
         user_id: str | None = None,
+        key_alias: str | None = None,
         page: int = 1,
         size: int = 100,
     ) -> tuple[list[KeyRow], int]:
         """A page of keys (oldest first) and the total matching the filters."""
-        return await self._list(ent.KEYS, {"team_id": team_id, "user_id": user_id}, page, size)
+        filters = {"team_id": team_id, "user_id": user_id, "key_alias": key_alias}
+        return await self._list(ent.KEYS, filters, page, size)
 
     # ------------------------------------------------------------------------ teams
 
@@ -236,7 +239,12 @@ class Store:
         return await self._update(ent.TEAMS, team_id, fields)  # type: ignore[no-any-return]
 
     async def delete_teams(self, team_ids: Sequence[str]) -> int:
-        """Delete teams by id (their keys stay, as in LiteLLM); return how many existed."""
+        """Delete teams by id (their keys stay, as in LiteLLM; their memberships go);
+        return how many existed."""
+        for team_id in team_ids:
+            members = (await self.team_members([team_id]))[team_id]
+            if members:
+                await self.change_team_members(team_id, remove=[m.user_id for m in members])
         return await self._delete(ent.TEAMS, team_ids)
 
     async def list_teams(self, *, page: int = 1, size: int = 100) -> tuple[list[TeamRow], int]:
@@ -259,7 +267,10 @@ class Store:
         return await self._update(ent.USERS, user_id, fields)  # type: ignore[no-any-return]
 
     async def delete_users(self, user_ids: Sequence[str]) -> int:
-        """Delete users by id; return how many existed."""
+        """Delete users by id (and their team memberships); return how many existed."""
+        for user_id in user_ids:
+            for m in await self.memberships(user_id):
+                await self.change_team_members(m.team_id, remove=[user_id])
         return await self._delete(ent.USERS, user_ids)
 
     async def list_users(
@@ -315,6 +326,71 @@ class Store:
     async def list_tags(self, *, page: int = 1, size: int = 100) -> tuple[list[TagRow], int]:
         """A page of tags and their total."""
         return await self._list(ent.TAGS, {}, page, size)
+
+    # ---------------------------------------------------------------------- budgets
+
+    async def create_budget(self, *, budget_id: str, **fields: Any) -> BudgetRow:
+        """Create a shared budget (LiteLLM's ``/budget/new``)."""
+        return await self._create_entity(  # type: ignore[no-any-return]
+            ent.BUDGETS, {**fields, "budget_id": budget_id})
+
+    async def get_budgets(self, budget_ids: Sequence[str]) -> dict[str, BudgetRow]:
+        """Budgets by id, in one query."""
+        return await self._get(ent.BUDGETS, budget_ids)
+
+    async def update_budget(self, budget_id: str, **fields: Any) -> BudgetRow | None:
+        """Set some fields of a budget; None if there is none."""
+        return await self._update(ent.BUDGETS, budget_id, fields)  # type: ignore[no-any-return]
+
+    async def delete_budgets(self, budget_ids: Sequence[str]) -> int:
+        """Delete budgets by id; return how many existed."""
+        return await self._delete(ent.BUDGETS, budget_ids)
+
+    async def list_budgets(self, *, page: int = 1, size: int = 100
+                           ) -> tuple[list[BudgetRow], int]:
+        """A page of budgets and their total."""
+        return await self._list(ent.BUDGETS, {}, page, size)
+
+    async def budget_references(self, budget_id: str) -> list[tuple[str, str]]:
+        """``(kind, id)`` of every key, team, user and end user naming the budget."""
+        return await self._threads.run("find budget users", ent.referencing, self._engine,
+                                       budget_id)
+
+    # ----------------------------------------------------------------- team members
+
+    async def team_members(self, team_ids: Sequence[str]) -> dict[str, list[TeamMember]]:
+        """Each team's members (``[]`` for a team without any)."""
+        return await self._threads.run("list team members", ent.members_of, self._engine,
+                                       list(dict.fromkeys(team_ids)))
+
+    async def memberships(self, user_id: str) -> list[TeamMember]:
+        """The teams a user belongs to, with the user's role in each."""
+        return await self._threads.run("list memberships", ent.memberships_of, self._engine,
+                                       user_id)
+
+    async def change_team_members(
+        self, team_id: str, *, add: Sequence[tuple[str, str, str | None]] = (),
+        remove: Sequence[str] = (), roles: dict[str, str] | None = None,
+        create_users: Sequence[str] = (),
+    ) -> None:
+        """In one transaction: create ``create_users`` (plain users), add members
+        ``(user_id, role, email)``, set ``roles``, remove members.
+
+        Raises:
+            StoreConflict: an added member is already in the team (nothing written).
+        """
+        now = self._now_ms()
+        members = [TeamMember(team_id=team_id, user_id=u, role=r, user_email=e,
+                              created_at_ms=now) for u, r, e in add]
+        emails = {u: e for u, _, e in add}
+        users = [ent.create_values(ent.USERS, {"user_id": u, "user_email": emails.get(u),
+                                               "user_role": "internal_user"}, now_ms=now)
+                 for u in create_users]
+        await self._threads.run(
+            "change team members",
+            lambda: ent.change_members(self._engine, team_id, add=members, remove=remove,
+                                       roles=roles, create_users=users),
+        )
 
     # ------------------------------------------------------------------- spend logs
 

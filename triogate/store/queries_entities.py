@@ -21,7 +21,16 @@ import attrs
 import sqlalchemy as sa
 
 from . import schema
-from .records import EndUserRow, KeyRow, TagRow, TeamRow, UserRow, parse_duration
+from .records import (
+    BudgetRow,
+    EndUserRow,
+    KeyRow,
+    TagRow,
+    TeamMember,
+    TeamRow,
+    UserRow,
+    parse_duration,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -36,7 +45,8 @@ _FIELD_TO_COLUMN = {
 }
 _COLUMN_TO_FIELD = {v: k for k, v in _FIELD_TO_COLUMN.items()}
 _LIST_COLUMNS = frozenset({"models", "tags"})
-_DICT_COLUMNS = frozenset({"metadata", "model_rpm_limit", "model_tpm_limit"})
+_DICT_COLUMNS = frozenset({"metadata", "model_rpm_limit", "model_tpm_limit", "aliases",
+                           "model_aliases"})
 #: Fields no caller sets: derived (duration seconds, hint) or maintained (times).
 _DERIVED = frozenset({"budget_duration_s", "created_at_ms", "updated_at_ms", "key_hint"})
 #: Rows fetched per ``IN (...)`` (far below SQLite's 32,766 bound parameters).
@@ -70,7 +80,7 @@ KEYS = Entity(
     table=schema.keys,
     row_cls=KeyRow,
     id_field="token_hash",
-    list_filters=("team_id", "user_id"),
+    list_filters=("team_id", "user_id", "key_alias"),
 )
 TEAMS = Entity(name="team", table=schema.teams, row_cls=TeamRow, id_field="team_id")
 USERS = Entity(
@@ -82,6 +92,74 @@ USERS = Entity(
 )
 END_USERS = Entity(name="end user", table=schema.end_users, row_cls=EndUserRow, id_field="user_id")
 TAGS = Entity(name="tag", table=schema.tags, row_cls=TagRow, id_field="tag")
+BUDGETS = Entity(name="budget", table=schema.budgets, row_cls=BudgetRow, id_field="budget_id")
+
+
+# --------------------------------------------------------------------- team members
+
+
+def members_of(engine: Engine, team_ids: Sequence[str]) -> dict[str, list[TeamMember]]:
+    """Each team's members (oldest first); teams without members map to ``[]``."""
+    out: dict[str, list[TeamMember]] = {t: [] for t in team_ids}
+    c = schema.team_members.c
+    with engine.connect() as conn:
+        for start in range(0, len(team_ids), _IN_CHUNK):
+            chunk = list(team_ids[start : start + _IN_CHUNK])
+            stmt = (sa.select(schema.team_members).where(c.team_id.in_(chunk))
+                    .order_by(c.created_at, c.user_id))
+            for m in conn.execute(stmt).mappings():
+                out[m["team_id"]].append(_member(m))
+    return out
+
+
+def memberships_of(engine: Engine, user_id: str) -> list[TeamMember]:
+    """The teams a user is in."""
+    c = schema.team_members.c
+    stmt = sa.select(schema.team_members).where(c.user_id == user_id).order_by(c.team_id)
+    with engine.connect() as conn:
+        return [_member(m) for m in conn.execute(stmt).mappings()]
+
+
+def _member(m: Mapping[Any, Any]) -> TeamMember:
+    return TeamMember(team_id=m["team_id"], user_id=m["user_id"], role=m["role"],
+                      user_email=m["user_email"], created_at_ms=m["created_at"])
+
+
+def change_members(
+    engine: Engine, team_id: str, *, add: Sequence[TeamMember] = (),
+    remove: Sequence[str] = (), roles: Mapping[str, str] | None = None,
+    create_users: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """In one transaction: create missing users, add members, set roles, remove members.
+
+    An added member that already exists raises ``IntegrityError`` (nothing is written).
+    """
+    c = schema.team_members.c
+    with engine.begin() as conn:
+        if create_users:
+            conn.execute(sa.insert(schema.users), [dict(u) for u in create_users])
+        if add:
+            conn.execute(sa.insert(schema.team_members), [
+                {"team_id": team_id, "user_id": m.user_id, "role": m.role,
+                 "user_email": m.user_email, "created_at": m.created_at_ms} for m in add])
+        for user_id, role in (roles or {}).items():
+            conn.execute(sa.update(schema.team_members)
+                         .where(c.team_id == team_id, c.user_id == user_id)
+                         .values(role=role))
+        if remove:
+            conn.execute(sa.delete(schema.team_members)
+                         .where(c.team_id == team_id, c.user_id.in_(list(remove))))
+
+
+def referencing(engine: Engine, budget_id: str) -> list[tuple[str, str]]:
+    """``(kind, id)`` of every key, team, user and end user naming ``budget_id``."""
+    out: list[tuple[str, str]] = []
+    with engine.connect() as conn:
+        for kind, entity in (("key", KEYS), ("team", TEAMS), ("user", USERS),
+                             ("end_user", END_USERS)):
+            stmt = sa.select(entity.id_column).where(entity.table.c.budget_id == budget_id)
+            out += [(kind, ident) for ident in conn.execute(stmt).scalars()]
+    return out
 
 
 def row_from_db(entity: Entity, mapping: Mapping[Any, Any]) -> Any:

@@ -87,6 +87,8 @@ class KeyRow:
         expires_at_ms: when the key stops working (epoch ms); None = never.
         blocked: refuse every request.
         created_at_ms, updated_at_ms: epoch ms.
+        aliases: model aliases of this key (requested name → model group).
+        budget_id: a shared budget (``budgets`` table) whose limits apply to the key.
     """
 
     token_hash: str
@@ -110,6 +112,8 @@ class KeyRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    aliases: Mapping[str, str] = attrs.Factory(dict)
+    budget_id: str | None = None
 
 
 @final
@@ -131,6 +135,8 @@ class TeamRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    model_aliases: Mapping[str, str] = attrs.Factory(dict)
+    budget_id: str | None = None
 
 
 @final
@@ -153,6 +159,8 @@ class UserRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    user_role: str | None = None
+    budget_id: str | None = None
 
 
 @final
@@ -173,6 +181,7 @@ class EndUserRow:
     blocked: bool = False
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    budget_id: str | None = None
 
 
 @final
@@ -190,6 +199,40 @@ class TagRow:
     rpm_limit: int | None = None
     created_at_ms: int = 0
     updated_at_ms: int = 0
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BudgetRow:
+    """A shared budget (LiteLLM's budget table); entities name it by ``budget_id``.
+
+    Its limits apply to each principal that names it, counted per principal (as in
+    LiteLLM: two end users on one budget each get the whole budget).
+    """
+
+    budget_id: str
+    max_budget_nanousd: int | None = None
+    budget_duration: str | None = None
+    budget_duration_s: int | None = None
+    budget_anchor_s: int | None = None
+    tpm_limit: int | None = None
+    rpm_limit: int | None = None
+    max_parallel_requests: int | None = None
+    created_at_ms: int = 0
+    updated_at_ms: int = 0
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TeamMember:
+    """One member of a team: ``role`` is ``"admin"`` (manages members and the team's
+    keys) or ``"user"``."""
+
+    team_id: str
+    user_id: str
+    role: str
+    user_email: str | None = None
+    created_at_ms: int = 0
 
 
 @final

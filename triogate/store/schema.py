@@ -58,6 +58,11 @@ keys = sa.Table(
     sa.Column("expires_at", sa.BigInteger, nullable=True),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    # Added after the first release: nullable, so ``migrate.upgrade`` can add them.
+    sa.Column("aliases", sa.JSON, nullable=True),
+    sa.Column("budget_id", sa.Text, nullable=True),
+    # LiteLLM finds keys by alias: two keys with one alias would make that ambiguous.
+    sa.Index("ux_keys_key_alias", "key_alias", unique=True),
 )
 
 teams = sa.Table(
@@ -71,6 +76,8 @@ teams = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    sa.Column("model_aliases", sa.JSON, nullable=True),
+    sa.Column("budget_id", sa.Text, nullable=True),
 )
 
 users = sa.Table(
@@ -85,6 +92,8 @@ users = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    sa.Column("user_role", sa.Text, nullable=True),
+    sa.Column("budget_id", sa.Text, nullable=True),
 )
 
 end_users = sa.Table(
@@ -97,6 +106,7 @@ end_users = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
+    sa.Column("budget_id", sa.Text, nullable=True),
 )
 
 tags = sa.Table(
@@ -105,6 +115,29 @@ tags = sa.Table(
     sa.Column("tag", sa.Text, primary_key=True),
     sa.Column("description", sa.Text, nullable=True),
     *_budget_columns(),
+    *_times(),
+)
+
+#: LiteLLM's ``members_with_roles``: who is in a team, as ``admin`` or ``user``.
+team_members = sa.Table(
+    "team_members",
+    metadata,
+    sa.Column("team_id", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("user_email", sa.Text, nullable=True),
+    sa.Column("created_at", sa.BigInteger, nullable=False),
+    sa.Index("ix_team_members_user", "user_id"),
+)
+
+#: LiteLLM's budget table: limits shared by every key, team, user or end user whose
+#: ``budget_id`` names it.
+budgets = sa.Table(
+    "budgets",
+    metadata,
+    sa.Column("budget_id", sa.Text, primary_key=True),
+    *_budget_columns(),
+    sa.Column("max_parallel_requests", sa.BigInteger, nullable=True),
     *_times(),
 )
 
@@ -151,4 +184,4 @@ spend_log_tags = sa.Table(
 )
 
 #: Entity tables in the order reports and tests walk them.
-ENTITY_TABLES = (keys, teams, users, end_users, tags)
+ENTITY_TABLES = (keys, teams, users, end_users, tags, budgets)

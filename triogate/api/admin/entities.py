@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from triogate.api import auth
+from triogate.api.admin.bounds import bad
 from triogate.api.admin.common import (
     announce,
     begin,
@@ -32,16 +32,17 @@ from triogate.api.admin.fields import (
     TEAM_FIELDS,
     USER_FIELDS,
     Converter,
-    bad,
     only,
     page_count,
     paging,
     parse_fields,
     render_budget,
+    render_member,
     render_row,
     required_str,
     str_list,
 )
+from triogate.api.admin.members import member_ids, parse_members
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.governance.from_rows import (
@@ -54,6 +55,7 @@ from triogate.governance.from_rows import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services
     from triogate.governance.principals import Principal
@@ -144,13 +146,29 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
     return row, headers
 
 
-async def new(api: EntityApi, services: Services, request: Request) -> Response:
-    """POST /<entity>/new."""
-    row, headers = await _create(api, services, await begin(services, request))
-    return Response.json(render_row(row), headers=headers)
+async def new(api: EntityApi, services: Services, request: Request, caller: Caller
+              ) -> Response:
+    """POST /<entity>/new (a team may come with its ``members_with_roles``)."""
+    body = await begin(services, request)
+    members: list[Any] = []
+    if api.kind == "team" and body.get("members_with_roles"):
+        body = dict(body)
+        wanted = parse_members("members_with_roles", body.pop("members_with_roles"))
+        parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
+        members, create = await member_ids(store_of(services), wanted)
+    row, headers = await _create(api, services, body)
+    out = render_row(row)
+    if api.kind == "team":
+        if members:
+            with sql(f"add members to team '{row.team_id}'"):
+                await store_of(services).change_team_members(row.team_id, add=members,
+                                                             create_users=create)
+        out["members_with_roles"] = [{"user_id": u, "user_email": e, "role": r}
+                                     for u, r, e in members]
+    return Response.json(out, headers=headers)
 
 
-async def user_new(services: Services, request: Request) -> Response:
+async def user_new(services: Services, request: Request, caller: Caller) -> Response:
     """POST /user/new: the user and, unless ``auto_create_key`` is false, a key for it.
 
     ``key_alias`` and ``duration`` describe that key; its raw value is in ``key``.
@@ -164,6 +182,8 @@ async def user_new(services: Services, request: Request) -> Response:
     user_body = {k: v for k, v in body.items() if k not in _USER_KEY_FIELDS}
     if not auto and key_body:
         raise bad(next(iter(key_body)), "describes the user's key: set auto_create_key")
+    if user_body.get("user_role") is None:
+        user_body["user_role"] = "internal_user"  # LiteLLM's default for /user/new
     row, headers = await _create(USERS, services, user_body,
                                  extra=frozenset({"auto_create_key"}))
     out = render_row(row)
@@ -186,7 +206,8 @@ async def _apply(api: EntityApi, services: Services, ident: str, fields: dict[st
     return row, await announce(services, (api.kind, ident))
 
 
-async def update(api: EntityApi, services: Services, request: Request) -> Response:
+async def update(api: EntityApi, services: Services, request: Request, caller: Caller
+                 ) -> Response:
     """POST /<entity>/update: the id plus the fields to change."""
     body = await begin(services, request)
     ident = required_str(body, api.id_param)
@@ -205,16 +226,21 @@ def _ids(api: EntityApi, body: dict[str, Any]) -> list[str]:
     raise ApiError(400, f"missing required field '{api.delete_param}'", param=api.delete_param)
 
 
-async def set_blocked(api: EntityApi, blocked: bool, services: Services, request: Request
-                      ) -> Response:
+async def set_blocked(api: EntityApi, blocked: bool, services: Services, request: Request,
+                      caller: Caller) -> Response:
     """POST /<entity>/block and /unblock: one id, or a list of them."""
     body = await begin(services, request)
     ids = _ids(api, body)
+    store = store_of(services)
+    with sql(f"look up {api.label}s"):
+        found = await api.store_call(store, "get")(ids)
+    missing = [i for i in ids if i not in found]
+    if missing and not (api.block_creates and blocked):
+        # All or nothing: no id is changed unless every one exists.
+        raise ApiError(404, f"{api.label}(s) not found: {', '.join(map(repr, missing))}; "
+                       "nothing was changed", "not_found_error", param=api.delete_param)
     if api.block_creates and blocked:
         # LiteLLM blocks end users it has never seen: create them blocked.
-        store = store_of(services)
-        with sql(f"look up {api.label}s"):
-            found = await api.store_call(store, "get")(ids)
         for ident in ids:
             if ident not in found:
                 with sql(f"create {api.label} '{ident}'"):
@@ -230,7 +256,8 @@ async def set_blocked(api: EntityApi, blocked: bool, services: Services, request
     return Response.json(out, headers=headers)
 
 
-async def delete(api: EntityApi, services: Services, request: Request) -> Response:
+async def delete(api: EntityApi, services: Services, request: Request, caller: Caller
+                 ) -> Response:
     """POST /<entity>/delete: every id must exist, or nothing is deleted."""
     body = await begin(services, request)
     ids = _ids(api, body)
@@ -257,14 +284,19 @@ async def _info_of(api: EntityApi, services: Services, ident: str
     return {**render_row(row), **render_budget(states[0])}, row, headers
 
 
-async def info(api: EntityApi, services: Services, request: Request) -> Response:
+async def info(api: EntityApi, services: Services, request: Request, caller: Caller
+               ) -> Response:
     """GET /<entity>/info?<info_param>=: the row, this period's spend, and (teams, users)
-    its keys, in LiteLLM's shape."""
-    auth.require_master(services, request)
-    ident = request.query.get(api.info_param)
+    its keys, in LiteLLM's shape. Without the id: the caller's own user (or key's team)."""
+    ident = request.query.get(api.info_param) or (
+        caller.user_id if api.kind == "user" else caller.team_id if api.kind == "team"
+        else None)
     if not ident:
         raise ApiError(400, f"missing query parameter '{api.info_param}'",
                        param=api.info_param)
+    if (api.kind == "team" and not caller.may_read_team(ident)) or (
+            api.kind == "user" and not caller.may_read_user(ident)):
+        raise not_found(api.label, ident, api.info_param)
     details, _, headers = await _info_of(api, services, ident)
     if api.info_key is None:
         if api.kind == "end_user":  # LiteLLM nests an end user's limits
@@ -278,16 +310,23 @@ async def info(api: EntityApi, services: Services, request: Request) -> Response
         store = store_of(services)
         with sql(f"list the keys of {api.label} '{ident}'"):
             keys, _ = await store.list_keys(**{api.keys_filter: ident}, page=1, size=1000)
-        out["keys"] = [render_row(k) for k in keys]
+        out["keys"] = [render_row(k) for k in keys if caller.may_read_key(k)]
         if api.kind == "user":
-            team_ids = sorted({k.team_id for k in keys if k.team_id})
             with sql(f"look up the teams of user '{ident}'"):
+                memberships = await store.memberships(ident)
+                team_ids = sorted({k.team_id for k in keys if k.team_id}
+                                  | {m.team_id for m in memberships})
                 teams = await store.get_teams(team_ids)
             out["teams"] = [render_row(t) for t in teams.values()]
+        else:
+            with sql(f"list the members of team '{ident}'"):
+                members = (await store.team_members([ident]))[ident]
+            details["members_with_roles"] = [render_member(m) for m in members]
+            out["team_memberships"] = details["members_with_roles"]
     return Response.json(out, headers=headers)
 
 
-async def tag_info_many(services: Services, request: Request) -> Response:
+async def tag_info_many(services: Services, request: Request, caller: Caller) -> Response:
     """POST /tag/info ``{"names": [...]}`` (LiteLLM's form): ``{name: info}``."""
     body = await begin(services, request)
     only(body, "names")
@@ -299,14 +338,25 @@ async def tag_info_many(services: Services, request: Request) -> Response:
     return Response.json(out, headers=headers)
 
 
-async def list_all(api: EntityApi, services: Services, request: Request) -> Response:
+async def list_all(api: EntityApi, services: Services, request: Request, caller: Caller
+                   ) -> Response:
     """GET /<entity>/list?page=&size=: a bare array (LiteLLM's shape), or for users a
-    paged object."""
-    auth.require_master(services, request)
+    paged object. Users who are not admins or viewers list the teams they belong to."""
     page, size = paging(request.query, default_size=100 if api.list_key else 1000)
-    with sql(f"list {api.label}s"):
-        rows, total = await api.store_call(store_of(services), "list")(page=page, size=size)
+    store = store_of(services)
+    if caller.sees_all:
+        with sql(f"list {api.label}s"):
+            rows, total = await api.store_call(store, "list")(page=page, size=size)
+    else:  # only teams reach here (RULES): the caller's own
+        with sql(f"list {api.label}s"):
+            found = await store.get_teams(sorted(caller.member_of))
+        rows, total = list(found.values()), len(found)
     items = [render_row(r) for r in rows]
+    if api.kind == "team":
+        with sql("list team members"):
+            members = await store.team_members([r.team_id for r in rows])
+        for item in items:
+            item["members_with_roles"] = [render_member(m) for m in members[item["team_id"]]]
     if api.list_key is None:
         return Response.json(items)
     return Response.json({api.list_key: items, "total": total, "page": page,

@@ -31,6 +31,17 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from triogate.api.admin import compat
+from triogate.api.admin.bounds import (
+    MAX_ITEMS,
+    MAX_PAGE,
+    bad,
+    check_duration_s,
+    check_json,
+    check_text,
+    check_time_ms,
+    json_depth_ok,
+)
 from triogate.api.errors import ApiError
 from triogate.store.records import hash_key, parse_duration
 
@@ -41,8 +52,6 @@ NANOUSD_PER_USD = 1_000_000_000
 #: Largest integer a BIGINT column holds: money (nano-USD) and limits stay below it.
 MAX_BIGINT = 2**63 - 1
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-#: Model-list entries that mean "every model group" (``Principal.allows_model``).
-_ANY_MODEL = "*"
 
 
 @final
@@ -63,11 +72,6 @@ Converter = Callable[[str, Any, FieldContext], dict[str, Any]]
 _NO_CONTEXT = FieldContext(groups=frozenset(), now_ms=0)
 
 
-def bad(name: str, message: str) -> ApiError:
-    """A 400 about field ``name``."""
-    return ApiError(400, f"field '{name}' {message}", "invalid_request_error", param=name)
-
-
 # --------------------------------------------------------------------------- converters
 
 
@@ -77,7 +81,7 @@ def text(column: str) -> Converter:
     def convert(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
         if value is not None and not isinstance(value, str):
             raise bad(name, "must be a string")
-        return {column: value}
+        return {column: None if value is None else check_text(name, value)}
 
     return convert
 
@@ -110,11 +114,16 @@ def _max_budget(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
 
 def _budget_duration(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
     if value is not None:
-        try:
-            parse_duration(value)
-        except ValueError as exc:
-            raise bad(name, f"is invalid: {exc}") from None
+        seconds(name, value)
     return {"budget_duration": value}
+
+
+def seconds(name: str, value: Any) -> int:
+    """A LiteLLM duration (``"30d"``) in seconds, at most 100 years."""
+    try:
+        return check_duration_s(name, parse_duration(value))
+    except ValueError as exc:
+        raise bad(name, f"is invalid: {exc}") from None
 
 
 def count(column: str) -> Converter:
@@ -130,11 +139,15 @@ def count(column: str) -> Converter:
     return convert
 
 
-def _check_groups(name: str, groups: list[str], ctx: FieldContext) -> None:
-    unknown = sorted({g for g in groups if g not in ctx.groups and g != _ANY_MODEL})
-    if unknown:
-        raise bad(name, f"names unknown model group(s) {', '.join(map(repr, unknown))}; "
-                        f"this gateway serves {', '.join(sorted(ctx.groups)) or 'none'}")
+def _check_names(name: str, names: list[str]) -> None:
+    """Model names: stored as given (wildcards, ``all-team-models``, groups configured
+    later); only their size is bounded."""
+    if len(names) > MAX_ITEMS:
+        raise bad(name, f"must not name more than {MAX_ITEMS} models")
+    for model in names:
+        if not model:
+            raise bad(name, "must not contain an empty model name")
+        check_text(name, model, max_chars=256)
 
 
 def _models(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
@@ -142,7 +155,7 @@ def _models(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
         return {"models": ()}
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise bad(name, "must be a list of model group names")
-    _check_groups(name, value, ctx)
+    _check_names(name, value)
     return {"models": tuple(dict.fromkeys(value))}
 
 
@@ -157,7 +170,7 @@ def model_limits(column: str) -> Converter:
             for v in value.values()
         ):
             raise bad(name, "must be an object mapping model groups to non-negative integers")
-        _check_groups(name, list(value), ctx)
+        _check_names(name, list(value))
         return {column: dict(value)}
 
     return convert
@@ -166,6 +179,7 @@ def model_limits(column: str) -> Converter:
 def _metadata(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
     if value is not None and not isinstance(value, dict):
         raise bad(name, "must be an object")
+    check_json(name, value or {})
     return {"metadata": dict(value or {})}
 
 
@@ -174,6 +188,10 @@ def _tags(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
         return {"tags": ()}
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise bad(name, "must be a list of non-empty strings")
+    if len(value) > MAX_ITEMS:
+        raise bad(name, f"must not hold more than {MAX_ITEMS} tags")
+    for tag in value:
+        check_text(name, tag, max_chars=256)
     return {"tags": tuple(dict.fromkeys(value))}
 
 
@@ -187,32 +205,56 @@ def _duration(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
     """Key lifetime from now (``"30d"``); null = never expires."""
     if value is None:
         return {"expires_at_ms": None}
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise bad(name, f"is invalid: {exc}") from None
-    return {"expires_at_ms": ctx.now_ms + seconds * 1000}
+    return {"expires_at_ms": check_time_ms(name, ctx.now_ms + seconds(name, value) * 1000)}
 
 
 def parse_time_ms(name: str, value: Any) -> int:
-    """An ISO 8601 date/datetime (naive = UTC) or epoch milliseconds → epoch ms."""
+    """An ISO 8601 date/datetime (naive = UTC) or epoch milliseconds → epoch ms, between
+    1970 and the year 9999."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    if not isinstance(value, str):
+        return check_time_ms(name, value)
+    if isinstance(value, str) and len(value) < 64 and value.strip().lstrip("-").isdigit():
+        return check_time_ms(name, int(value.strip()))
+    if not isinstance(value, str) or len(value) > 64:
         raise bad(name, "must be an ISO 8601 date or datetime, or epoch milliseconds")
     try:
         moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise bad(name, f"is not an ISO 8601 date or datetime: {value!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return math.floor(moment.timestamp() * 1000)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        epoch_ms = math.floor(moment.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise bad(name, f"is not an ISO 8601 date or datetime: {value[:64]!r}") from None
+    return check_time_ms(name, epoch_ms)
 
 
 def _expires(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
     return {"expires_at_ms": None if value is None else parse_time_ms(name, value)}
+
+
+def aliases(column: str) -> Converter:
+    """``{requested model: model group}`` (or null = none) stored as ``column``."""
+
+    def convert(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+        if value is None:
+            return {column: {}}
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+        ):
+            raise bad(name, "must be an object mapping model names to model group names")
+        _check_names(name, [*value, *value.values()])
+        return {column: dict(value)}
+
+    return convert
+
+
+#: LiteLLM's user roles (``proxy_admin`` ... ``internal_user_viewer``); see api/roles.py.
+USER_ROLES = ("proxy_admin", "proxy_admin_viewer", "internal_user", "internal_user_viewer")
+
+
+def _user_role(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is not None and value not in USER_ROLES:
+        raise bad(name, f"must be one of {', '.join(USER_ROLES)} (or null)")
+    return {"user_role": value}
 
 
 _LIMITS: dict[str, Converter] = {
@@ -228,29 +270,34 @@ _PRINCIPAL: dict[str, Converter] = {
     "blocked": _blocked,
 }
 
-#: Body fields per entity (ids and request-only fields are handled by the handlers).
-KEY_FIELDS: Mapping[str, Converter] = {
+#: Body fields per entity (ids and request-only fields are handled by the handlers):
+#: LiteLLM's names, implemented ones and accepted-as-no-op ones (``compat.py``).
+KEY_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL,
     "key_alias": text("key_alias"),
     "team_id": text("team_id"),
     "user_id": text("user_id"),
     "models": _models,
+    "aliases": aliases("aliases"),
     "model_rpm_limit": model_limits("model_rpm_limit"),
     "model_tpm_limit": model_limits("model_tpm_limit"),
     "tags": _tags,
     "duration": _duration,
     "expires": _expires,
-}
-TEAM_FIELDS: Mapping[str, Converter] = {
+}, compat.KEY_NOOP)
+TEAM_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL, "team_alias": text("team_alias"), "models": _models,
-}
-USER_FIELDS: Mapping[str, Converter] = {
+    "model_aliases": aliases("model_aliases"),
+}, compat.TEAM_NOOP)
+USER_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL,
     "user_email": text("user_email"),
     "user_alias": text("user_alias"),
     "models": _models,
-}
-END_USER_FIELDS: Mapping[str, Converter] = {**_PRINCIPAL, "alias": text("alias")}
+    "user_role": _user_role,
+}, compat.USER_NOOP)
+END_USER_FIELDS: Mapping[str, Converter] = compat.table(
+    {**_PRINCIPAL, "alias": text("alias")}, compat.END_USER_NOOP)
 TAG_FIELDS: Mapping[str, Converter] = {**_LIMITS, "description": text("description")}
 
 
@@ -300,7 +347,7 @@ def required_str(body: Mapping[str, Any], name: str) -> str:
         raise ApiError(400, f"missing required field '{name}'", param=name)
     if not isinstance(value, str) or not value:
         raise bad(name, "must be a non-empty string")
-    return value
+    return check_text(name, value)
 
 
 def str_list(body: Mapping[str, Any], name: str) -> list[str]:
@@ -312,6 +359,10 @@ def str_list(body: Mapping[str, Any], name: str) -> list[str]:
         isinstance(v, str) and v for v in value
     ):
         raise bad(name, "must be a non-empty list of non-empty strings")
+    if len(value) > MAX_ITEMS:
+        raise bad(name, f"must not hold more than {MAX_ITEMS} entries")
+    for item in value:
+        check_text(name, item)
     return value
 
 
@@ -333,7 +384,10 @@ def iso(epoch_ms: int | None) -> str | None:
     """Epoch ms as ``2025-01-31T12:00:00.000Z``."""
     if epoch_ms is None:
         return None
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    try:
+        moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    except (ValueError, OverflowError, OSError):  # a row stored before the bounds existed
+        return None
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 
@@ -348,7 +402,7 @@ def render_row(row: Any) -> dict[str, Any]:
         if name in _HIDDEN:
             continue
         if name == "token_hash":
-            out["token"] = value
+            out["token"] = out["token_id"] = value
         elif name == "key_hint":
             out["key_name"] = out["key_hint"] = value
         elif name == "tag":
@@ -365,10 +419,15 @@ def render_row(row: Any) -> dict[str, Any]:
         elif isinstance(value, tuple):
             out[name] = list(value)
         elif isinstance(value, Mapping):
-            out[name] = dict(value)
+            out[name] = dict(value) if json_depth_ok(value) else {"unrenderable": True}
         else:
             out[name] = value
     return out
+
+
+def render_member(member: Any) -> dict[str, Any]:
+    """A team member as LiteLLM's ``members_with_roles`` entry."""
+    return {"user_id": member.user_id, "user_email": member.user_email, "role": member.role}
 
 
 def render_budget(state: BudgetState | None) -> dict[str, Any]:
@@ -393,8 +452,9 @@ def paging(query: Mapping[str, str], *, default_size: int = 100, max_size: int =
         if raw is None or raw == "":
             values.append(default)
             continue
-        if not raw.isdigit() or int(raw) < 1 or (upper is not None and int(raw) > upper):
-            limit = f"1..{upper}" if upper else ">= 1"
+        upper = upper or MAX_PAGE
+        if len(raw) > 9 or not raw.isdigit() or not 1 <= int(raw) <= upper:
+            limit = f"1..{upper}"
             raise ApiError(400, f"query parameter '{name}' must be an integer in {limit}",
                            param=name)
         values.append(int(raw))

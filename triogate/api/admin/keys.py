@@ -4,13 +4,17 @@ A key is stored and shown by its SHA-256 (``token``); the raw key appears in exa
 response, the one that created it. Requests may name a key by its raw value or by its
 hash. Every change is announced (``admin_common.announce``), so a blocked or deleted key
 is refused by every gateway process within a second.
+
+Callers other than proxy admins see and change only the keys ``roles.Caller`` lets them
+(their own, their teams' as team admins, a key itself); self-service limits are in
+``selfserve.py``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import auth
+from triogate.api.admin.bounds import check_custom_key
 from triogate.api.admin.common import (
     announce,
     begin,
@@ -22,7 +26,6 @@ from triogate.api.admin.common import (
 )
 from triogate.api.admin.fields import (
     KEY_FIELDS,
-    bad,
     key_candidates,
     only,
     page_count,
@@ -33,19 +36,17 @@ from triogate.api.admin.fields import (
     required_str,
     str_list,
 )
+from triogate.api.admin.roles import forbidden
+from triogate.api.admin.selfserve import check_key_write
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.governance.from_rows import key_principal
 
 if TYPE_CHECKING:
+    from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services
     from triogate.store import KeyRow, Store
-
-#: A key chosen by the admin must look like one (LiteLLM's rule), so that it can never
-#: be mistaken for a key's hash.
-CUSTOM_KEY_PREFIX = "sk-"
-
 
 async def require_team(store: Store, team_id: str | None) -> None:
     """400 unless ``team_id`` (when given) names an existing team. A checkpoint."""
@@ -65,23 +66,29 @@ async def find_key(store: Store, ref: str) -> KeyRow | None:
     return next(iter(found.values()), None)
 
 
-def _custom_key(body: dict[str, Any]) -> str | None:
-    raw = body.get("key")
-    if raw is None:
-        return None
-    if not isinstance(raw, str) or not raw.startswith(CUSTOM_KEY_PREFIX) or len(raw) < 8:
-        raise bad("key", f"must be a string starting with '{CUSTOM_KEY_PREFIX}' "
-                         "(at least 8 characters)")
-    return raw
+async def require_alias_free(store: Store, alias: str | None, token_hash: str | None = None
+                             ) -> None:
+    """409 when another key already has ``alias`` (LiteLLM finds keys by alias). A
+    checkpoint. The unique index on ``key_alias`` closes the race between two admins."""
+    if alias is None:
+        return
+    with sql("look up key alias"):
+        rows, _ = await store.list_keys(key_alias=alias, page=1, size=2)
+    if any(r.token_hash != token_hash for r in rows):
+        raise ApiError(409, f"another key already has key_alias '{alias}'",
+                       "invalid_request_error", param="key_alias", code="conflict")
 
 
-async def generate(services: Services, request: Request) -> Response:
+async def generate(services: Services, request: Request, caller: Caller) -> Response:
     """POST /key/generate: a new key; the raw key is in this response and nowhere else."""
     body = await begin(services, request)
     fields = parse_fields(body, KEY_FIELDS, context(services), extra=frozenset({"key"}))
-    raw_key = _custom_key(body)
+    raw_key = None if body.get("key") is None else check_custom_key(
+        body["key"], services.config.master_key)
     store = store_of(services)
+    fields = await check_key_write(caller, store, fields)
     await require_team(store, fields.get("team_id"))
+    await require_alias_free(store, fields.get("key_alias"))
     with sql("create key"):
         raw, row = await store.create_key(raw_key=raw_key, **fields)
     # A chosen key may have been tried before, and be remembered as unknown.
@@ -89,11 +96,22 @@ async def generate(services: Services, request: Request) -> Response:
     return Response.json({**render_row(row), "key": raw}, headers=headers)
 
 
-async def _update(services: Services, ref: str, fields: dict[str, Any]) -> Response:
-    store = store_of(services)
-    row = await find_key(store, ref)
-    if row is None:
+async def _writable(services: Services, caller: Caller, ref: str) -> KeyRow:
+    """The key ``ref`` names, if the caller may change it (404 / 403). A checkpoint."""
+    row = await find_key(store_of(services), ref)
+    if row is None or not caller.may_read_key(row):
         raise not_found("key", "(given)", "key")
+    if not caller.may_write_key(row):
+        raise forbidden("change this key")
+    return row
+
+
+async def _update(services: Services, caller: Caller, ref: str, fields: dict[str, Any]
+                  ) -> Response:
+    store = store_of(services)
+    row = await _writable(services, caller, ref)
+    fields = await check_key_write(caller, store, fields, row)
+    await require_alias_free(store, fields.get("key_alias"), row.token_hash)
     with sql("update key"):
         updated = await store.update_key(row.token_hash, **fields)
     if updated is None:  # deleted meanwhile
@@ -102,50 +120,57 @@ async def _update(services: Services, ref: str, fields: dict[str, Any]) -> Respo
     return Response.json(render_row(updated), headers=headers)
 
 
-async def update(services: Services, request: Request) -> Response:
+async def update(services: Services, request: Request, caller: Caller) -> Response:
     """POST /key/update: ``key`` (raw or hash) plus the fields to change."""
     body = await begin(services, request)
     ref = required_str(body, "key")
     fields = parse_fields(body, KEY_FIELDS, context(services), extra=frozenset({"key"}))
     await require_team(store_of(services), fields.get("team_id"))
-    return await _update(services, ref, fields)
+    return await _update(services, caller, ref, fields)
 
 
-async def block(services: Services, request: Request) -> Response:
+async def block(services: Services, request: Request, caller: Caller) -> Response:
     """POST /key/block: ``{"key": ...}``; refused everywhere within a second."""
-    return await _set_blocked(services, request, blocked=True)
+    return await _set_blocked(services, request, caller, blocked=True)
 
 
-async def unblock(services: Services, request: Request) -> Response:
+async def unblock(services: Services, request: Request, caller: Caller) -> Response:
     """POST /key/unblock: ``{"key": ...}``."""
-    return await _set_blocked(services, request, blocked=False)
+    return await _set_blocked(services, request, caller, blocked=False)
 
 
-async def _set_blocked(services: Services, request: Request, *, blocked: bool) -> Response:
+async def _set_blocked(services: Services, request: Request, caller: Caller, *,
+                       blocked: bool) -> Response:
     body = await begin(services, request)
     only(body, "key")
-    return await _update(services, required_str(body, "key"), {"blocked": blocked})
+    return await _update(services, caller, required_str(body, "key"), {"blocked": blocked})
 
 
-async def delete(services: Services, request: Request) -> Response:
+async def delete(services: Services, request: Request, caller: Caller) -> Response:
     """POST /key/delete: ``{"keys": [raw keys or hashes]}``; all exist, or nothing happens."""
     body = await begin(services, request)
-    only(body, "keys")
-    refs = str_list(body, "keys")
+    only(body, "keys", "key_aliases")
     store = store_of(services)
+    refs = str_list(body, "keys") if "keys" in body or "key_aliases" not in body else []
     with sql("look up keys"):
         found = await store.get_keys([c for ref in refs for c in key_candidates(ref)])
+        for alias in str_list(body, "key_aliases") if "key_aliases" in body else []:
+            rows, _ = await store.list_keys(key_alias=alias, page=1, size=1)
+            refs.append(rows[0].token_hash if rows else "")
+            found.update({r.token_hash: r for r in rows})
     hashes: list[str] = []
     missing: list[int] = []
     for i, ref in enumerate(refs):
-        match = next((c for c in key_candidates(ref) if c in found), None)
-        if match is None:
+        match = next((c for c in key_candidates(ref) if c in found), None) if ref else None
+        if match is None or not caller.may_read_key(found[match]):
             missing.append(i)
+        elif not caller.may_write_key(found[match]):
+            raise forbidden("delete this key")
         else:
             hashes.append(match)
     if missing:
         # Never echo what was sent: it may be a raw key.
-        raise ApiError(404, f"key(s) not found: keys[{'], keys['.join(map(str, missing))}]; "
+        raise ApiError(404, f"key(s) not found: #{', #'.join(map(str, missing))}; "
                        "nothing was deleted", "not_found_error", param="keys")
     hashes = list(dict.fromkeys(hashes))
     with sql("delete keys"):
@@ -154,14 +179,14 @@ async def delete(services: Services, request: Request) -> Response:
     return Response.json({"deleted_keys": hashes}, headers=headers)
 
 
-async def info(services: Services, request: Request) -> Response:
-    """GET /key/info?key=: the key (by hash), its limits and this period's spend."""
-    auth.require_master(services, request)
-    ref = request.query.get("key")
+async def info(services: Services, request: Request, caller: Caller) -> Response:
+    """GET /key/info?key=: the key (by hash), its limits and its spend. Without ``key``,
+    the calling key itself (LiteLLM's self-lookup)."""
+    ref = request.query.get("key") or caller.key_hash
     if not ref:
         raise ApiError(400, "missing query parameter 'key' (a key or its hash)", param="key")
     row = await find_key(store_of(services), ref)
-    if row is None:
+    if row is None or not caller.may_read_key(row):
         raise not_found("key", "(given)", "key")
     states, headers = await budget_states(services, [key_principal(row)])
     return Response.json(
@@ -170,19 +195,27 @@ async def info(services: Services, request: Request) -> Response:
     )
 
 
-async def list_keys(services: Services, request: Request) -> Response:
-    """GET /key/list?team_id=&user_id=&page=&size=&return_full_object=.
+async def list_keys(services: Services, request: Request, caller: Caller) -> Response:
+    """GET /key/list?team_id=&user_id=&key_alias=&page=&size=&return_full_object=.
 
-    As in LiteLLM, ``keys`` holds the hashes unless ``return_full_object=true``.
+    As in LiteLLM, ``keys`` holds the hashes unless ``return_full_object=true``. Users
+    who are not admins or viewers list their own keys, or their team's as its admin.
     """
-    auth.require_master(services, request)
     page, size = paging(request.query)
     full = request.query.get("return_full_object", "").lower() in ("1", "true", "yes")
+    team_id = request.query.get("team_id") or None
+    user_id = request.query.get("user_id") or None
+    if not caller.sees_all:
+        if team_id is not None and team_id in caller.admin_of:
+            pass
+        elif caller.user_id is not None and user_id in (None, caller.user_id):
+            user_id = caller.user_id
+        else:
+            raise forbidden("list these keys")
     with sql("list keys"):
         rows, total = await store_of(services).list_keys(
-            team_id=request.query.get("team_id") or None,
-            user_id=request.query.get("user_id") or None,
-            page=page, size=size,
+            team_id=team_id, user_id=user_id,
+            key_alias=request.query.get("key_alias") or None, page=page, size=size,
         )
     return Response.json({
         "keys": [render_row(r) if full else r.token_hash for r in rows],

@@ -1,10 +1,12 @@
 """The admin API: LiteLLM's paths and field names, so its tooling keeps working.
 
-Every route needs the master key (``auth.require_master``). The handlers live in
-``admin_keys`` (virtual keys), ``admin_entities`` (teams, users, end users as LiteLLM's
-"customers", tags) and ``admin_spend`` (reports); field parsing and rendering in
-``admin_fields``; what they share around each query (SQL errors, propagation of changes
-to every process, budget reads) in ``admin_common``.
+Each route's handler is wrapped by :func:`guarded`, which authorizes the caller against
+the route's rule in ``roles.RULES`` (the one table of who may call what) and hands the
+:class:`~triogate.api.admin.roles.Caller` to the handler. The handlers live in ``keys``
+(virtual keys), ``entities`` (teams, users, end users as LiteLLM's "customers", tags),
+``members`` (team members), ``budgets`` (shared budgets) and ``spend`` (reports); field
+parsing and rendering in ``fields`` (``compat`` for LiteLLM's no-op fields, ``bounds``
+for limits); what they share around each query in ``common``.
 
 :func:`routes` is merged into the route table by ``routes.py`` (error style "openai").
 """
@@ -14,9 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from triogate.api.admin import keys as admin_keys
+from triogate.api.admin import members as admin_members
 from triogate.api.admin import spend as admin_spend
 from triogate.api.admin.entities import END_USERS, TAGS, TEAMS, USERS, handlers, tag_info_many
 from triogate.api.admin.entities import user_new as _user_new
+from triogate.api.admin.roles import RULES, Caller, Rule, authorize
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -25,11 +29,23 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
 
     Handler = Callable[[Services, Request], Awaitable[Response]]
+    AdminHandler = Callable[[Services, Request, Caller], Awaitable[Response]]
 
 
-def routes() -> dict[tuple[str, str], Handler]:
-    """Every admin route, keyed by (method, path)."""
-    table: dict[tuple[str, str], Handler] = {
+def guarded(rule: Rule, handler: AdminHandler) -> Handler:
+    """``handler`` behind ``rule``: the caller is authorized before the body is read."""
+
+    async def run(services: Services, request: Request) -> Response:
+        caller = await authorize(services, request, rule)
+        return await handler(services, request, caller)
+
+    run.__name__ = getattr(handler, "__name__", "admin")
+    return run
+
+
+def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
+    """Every admin handler, keyed by (method, path), before guarding."""
+    table: dict[tuple[str, str], AdminHandler] = {
         ("POST", "/key/generate"): admin_keys.generate,
         ("POST", "/key/update"): admin_keys.update,
         ("POST", "/key/delete"): admin_keys.delete,
@@ -40,6 +56,9 @@ def routes() -> dict[tuple[str, str], Handler]:
         ("GET", "/spend/logs"): admin_spend.spend_logs,
         ("GET", "/spend/daily"): admin_spend.spend_daily,
         ("POST", "/tag/info"): tag_info_many,
+        ("POST", "/team/member_add"): admin_members.member_add,
+        ("POST", "/team/member_delete"): admin_members.member_delete,
+        ("POST", "/team/member_update"): admin_members.member_update,
     }
     verbs = {"new": "POST", "update": "POST", "delete": "POST", "info": "GET", "list": "GET",
              "block": "POST", "unblock": "POST"}
@@ -55,3 +74,13 @@ def routes() -> dict[tuple[str, str], Handler]:
                 table[(verbs[verb], f"{prefix}/{verb}")] = handler
     table[("POST", "/user/new")] = _user_new
     return table
+
+
+def routes() -> dict[tuple[str, str], Handler]:
+    """Every admin route, guarded by its rule, keyed by (method, path).
+
+    Raises:
+        KeyError: a route without a rule in ``roles.RULES`` (a test walks every route).
+    """
+    return {route: guarded(RULES[route], handler)
+            for route, handler in handlers_by_route().items()}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import auth
 from triogate.api.admin.common import sql, store_of
 from triogate.api.admin.fields import (
     iso,
@@ -25,12 +24,14 @@ from triogate.api.admin.fields import (
     parse_time_ms,
     usd,
 )
+from triogate.api.admin.roles import INTERNAL, INTERNAL_VIEWER, forbidden
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services
     from triogate.store import SpendLogRow
@@ -101,11 +102,24 @@ def render_log(row: SpendLogRow) -> dict[str, Any]:
     }
 
 
-async def spend_logs(services: Services, request: Request) -> Response:
+def scoped(caller: Caller, found: dict[str, Any]) -> dict[str, Any]:
+    """Narrow a filter to what the caller may see: every row for admins and viewers, a
+    user's own requests, a key's own requests."""
+    if caller.sees_all:
+        return found
+    if caller.user_id is not None and caller.role in (INTERNAL, INTERNAL_VIEWER):
+        if found.get("user_id", caller.user_id) != caller.user_id:
+            raise forbidden("read another user's spend")
+        return {**found, "user_id": caller.user_id}
+    if found.get("key_hash", caller.key_hash) != caller.key_hash:
+        raise forbidden("read another key's spend")
+    return {**found, "key_hash": caller.key_hash}
+
+
+async def spend_logs(services: Services, request: Request, caller: Caller) -> Response:
     """GET /spend/logs: a page of logs (newest first), the count, and exact totals."""
-    auth.require_master(services, request)
     page, size = paging(request.query)
-    found = filters(request.query)
+    found = scoped(caller, filters(request.query))
     store = store_of(services)
     with sql("query spend logs"):
         rows, total = await store.query_spend_logs(page=page, size=size, **found)
@@ -125,9 +139,8 @@ async def spend_logs(services: Services, request: Request) -> Response:
     })
 
 
-async def spend_daily(services: Services, request: Request) -> Response:
+async def spend_daily(services: Services, request: Request, caller: Caller) -> Response:
     """GET /spend/daily?group_by=key|team|user|end_user|model_group: per UTC day and group."""
-    auth.require_master(services, request)
     group_by = request.query.get("group_by", "key")
     if group_by not in GROUPS:
         raise ApiError(400, f"query parameter 'group_by' must be one of {', '.join(GROUPS)}",

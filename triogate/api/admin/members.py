@@ -1,0 +1,156 @@
+"""``/team/member_add``, ``/team/member_delete``, ``/team/member_update``: LiteLLM's
+``members_with_roles``.
+
+A member is ``{"role": "admin" | "user", "user_id": ..., "user_email": ...}`` (an id or an
+e-mail). Adding a member who is not a user yet creates the user (an ``internal_user``),
+as LiteLLM does. Team admins manage their own team's members (``roles.RULES``). Every
+change of one request happens in one transaction: all of it, or nothing.
+``max_budget_in_team`` and per-member limits are accepted only when null (triogate keeps
+no per-member budgets).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from triogate.api.admin.bounds import bad, check_text
+from triogate.api.admin.common import begin, not_found, sql, store_of
+from triogate.api.admin.compat import Noop
+from triogate.api.admin.fields import FieldContext, only, render_member, render_row, required_str
+from triogate.api.admin.roles import forbidden
+from triogate.api.errors import ApiError
+from triogate.api.http import Response
+
+if TYPE_CHECKING:
+    from triogate.api.admin.roles import Caller
+    from triogate.api.http import Request
+    from triogate.api.services import Services
+    from triogate.store import Store
+
+MEMBER_ROLES = ("admin", "user")
+_PER_MEMBER = Noop("per-member budgets and limits inside a team")
+_NO_CTX = FieldContext(groups=frozenset(), now_ms=0)
+
+
+def parse_member(name: str, value: Any) -> tuple[str | None, str | None, str]:
+    """``(user_id, user_email, role)`` of one member object."""
+    if not isinstance(value, dict):
+        raise bad(name, "must be an object {role, user_id | user_email}")
+    unknown = sorted(set(value) - {"role", "user_id", "user_email"})
+    if unknown:
+        raise bad(name, f"has unknown field(s) {', '.join(unknown)}")
+    role = value.get("role", "user")
+    if role not in MEMBER_ROLES:
+        raise bad(name, "role must be 'admin' or 'user'")
+    user_id, email = value.get("user_id"), value.get("user_email")
+    for field, text in (("user_id", user_id), ("user_email", email)):
+        if text is not None and (not isinstance(text, str) or not text):
+            raise bad(name, f"{field} must be a non-empty string")
+        if text is not None:
+            check_text(name, text)
+    if user_id is None and email is None:
+        raise bad(name, "needs a user_id or a user_email")
+    return user_id, email, role
+
+
+def parse_members(name: str, value: Any) -> list[tuple[str | None, str | None, str]]:
+    """One member object, or a list of them."""
+    items = value if isinstance(value, list) else [value]
+    if not items or len(items) > 1000:
+        raise bad(name, "must name 1 to 1000 members")
+    return [parse_member(name, item) for item in items]
+
+
+async def member_ids(store: Store, wanted: list[tuple[str | None, str | None, str]]
+                    ) -> tuple[list[tuple[str, str, str | None]], list[str]]:
+    """Members as ``(user_id, role, email)`` and the users to create. A checkpoint."""
+    out: list[tuple[str, str, str | None]] = []
+    create: list[str] = []
+    with sql("look up users"):
+        for user_id, email, role in wanted:
+            if user_id is None:
+                rows, _ = await store.list_users(user_email=email, page=1, size=1)
+                user_id = rows[0].user_id if rows else str(uuid.uuid4())
+            if user_id not in await store.get_users([user_id]):
+                create.append(user_id)
+            out.append((user_id, role, email))
+    return out, list(dict.fromkeys(create))
+
+
+async def _team(services: Services, caller: Caller, body: dict[str, Any]) -> Any:
+    team_id = required_str(body, "team_id")
+    if not caller.may_manage_team(team_id):
+        raise forbidden(f"manage the members of team '{team_id}'")
+    with sql(f"look up team '{team_id}'"):
+        team = (await store_of(services).get_teams([team_id])).get(team_id)
+    if team is None:
+        raise not_found("team", team_id, "team_id")
+    return team
+
+
+async def _answer(services: Services, team: Any, **extra: Any) -> Response:
+    with sql("list team members"):
+        members = (await store_of(services).team_members([team.team_id]))[team.team_id]
+    return Response.json({**render_row(team),
+                          "members_with_roles": [render_member(m) for m in members], **extra})
+
+
+async def member_add(services: Services, request: Request, caller: Caller) -> Response:
+    """POST /team/member_add ``{team_id, member: {...} | [{...}], max_budget_in_team}``."""
+    body = await begin(services, request)
+    only(body, "team_id", "member", "max_budget_in_team")
+    _PER_MEMBER("max_budget_in_team", body.get("max_budget_in_team"), _NO_CTX)
+    if "member" not in body:
+        raise ApiError(400, "missing required field 'member'", param="member")
+    wanted = parse_members("member", body["member"])
+    team = await _team(services, caller, body)
+    store = store_of(services)
+    members, create = await member_ids(store, wanted)
+    with sql(f"add members to team '{team.team_id}'"):
+        await store.change_team_members(team.team_id, add=members, create_users=create)
+    return await _answer(services, team, updated_users=create,
+                         updated_team_memberships=[m[0] for m in members])
+
+
+async def _existing_member(services: Services, team_id: str, body: dict[str, Any]) -> str:
+    user_id, email = body.get("user_id"), body.get("user_email")
+    if user_id is None and email is None:
+        raise ApiError(400, "missing required field 'user_id' (or 'user_email')",
+                       param="user_id")
+    with sql("list team members"):
+        members = (await store_of(services).team_members([team_id]))[team_id]
+    for m in members:
+        if (user_id is not None and m.user_id == user_id) or (
+                user_id is None and m.user_email == email):
+            return m.user_id
+    raise not_found("team member", str(user_id or email), "user_id")
+
+
+async def member_delete(services: Services, request: Request, caller: Caller) -> Response:
+    """POST /team/member_delete ``{team_id, user_id | user_email}``."""
+    body = await begin(services, request)
+    only(body, "team_id", "user_id", "user_email")
+    team = await _team(services, caller, body)
+    user_id = await _existing_member(services, team.team_id, body)
+    with sql(f"remove a member of team '{team.team_id}'"):
+        await store_of(services).change_team_members(team.team_id, remove=[user_id])
+    return await _answer(services, team)
+
+
+async def member_update(services: Services, request: Request, caller: Caller) -> Response:
+    """POST /team/member_update ``{team_id, user_id | user_email, role}``."""
+    body = await begin(services, request)
+    only(body, "team_id", "user_id", "user_email", "role", "max_budget_in_team",
+         "tpm_limit", "rpm_limit")
+    for name in ("max_budget_in_team", "tpm_limit", "rpm_limit"):
+        _PER_MEMBER(name, body.get(name), _NO_CTX)
+    team = await _team(services, caller, body)
+    user_id = await _existing_member(services, team.team_id, body)
+    role = body.get("role")
+    if role is not None:
+        if role not in MEMBER_ROLES:
+            raise bad("role", "must be 'admin' or 'user'")
+        with sql(f"update a member of team '{team.team_id}'"):
+            await store_of(services).change_team_members(team.team_id, roles={user_id: role})
+    return await _answer(services, team)

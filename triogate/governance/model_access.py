@@ -1,0 +1,77 @@
+"""Which model groups a principal may use, and what a model alias names. Pure functions.
+
+A ``models`` list (on a key, a team or a user) is stored as the admin wrote it, and
+matched against the requested group when a request arrives, so it may name groups
+configured later. Its entries:
+
+* empty list: every group (LiteLLM's default);
+* ``"*"``: every group;
+* ``"<provider>/*"`` (``"openai/*"``, ``"anthropic/*"``): every group that has a
+  deployment of that provider, **or** whose own name starts with ``<provider>/`` (LiteLLM
+  users name groups both ways: ``gpt-4o`` served by ``openai/gpt-4o``, and
+  ``openai/gpt-4o`` as the group name itself);
+* ``"all-team-models"``: whatever the key's team may use (nothing for a key without a
+  team);
+* anything else: that group, exactly.
+
+Aliases (a key's ``aliases``, a team's ``model_aliases``, the config's
+``router_settings.model_group_alias``) map a requested name to a group, one hop:
+:func:`resolve_alias` is the one place that rule lives, for the request path and for
+access checks alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+
+ANY_MODEL = "*"
+ALL_TEAM_MODELS = "all-team-models"
+_NO_PROVIDERS: frozenset[str] = frozenset()
+
+
+def model_allowed(
+    models: Iterable[str],
+    group: str,
+    *,
+    providers: Callable[[], frozenset[str]] = lambda: _NO_PROVIDERS,
+    team_models: Iterable[str] | None = None,
+) -> bool:
+    """Whether a ``models`` list admits ``group``.
+
+    Args:
+        models: the list as stored (empty = every group).
+        group: the model group the request resolved to.
+        providers: the providers of ``group``'s deployments; called only when a
+            ``<provider>/*`` entry needs it (so the common case costs nothing).
+        team_models: the team's list, for ``all-team-models`` (None: no team).
+    """
+    entries = tuple(models)
+    if not entries:
+        return True
+    for entry in entries:
+        if entry in (group, ANY_MODEL):
+            return True
+        if entry == ALL_TEAM_MODELS:
+            if team_models is not None and model_allowed(team_models, group,
+                                                         providers=providers):
+                return True
+        elif entry.endswith("/*"):
+            provider = entry[:-2]
+            if group.startswith(provider + "/") or provider in providers():
+                return True
+    return False
+
+
+def resolve_alias(model: str, *alias_maps: Mapping[str, str] | None) -> str:
+    """The group ``model`` names: the first map that has it wins (one hop), else itself.
+
+    Pass the maps most specific first: the key's ``aliases``, the team's
+    ``model_aliases``, then the config's ``model_group_alias``.
+    """
+    for aliases in alias_maps:
+        if aliases and model in aliases:
+            return aliases[model]
+    return model
