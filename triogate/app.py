@@ -95,6 +95,8 @@ async def open_gateway(
     state_dir = config.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     settings = config.settings
+    if config.verbose:  # LiteLLM's set_verbose (logs are JSON lines already: json_logs)
+        logger.setLevel(logging.DEBUG)
     async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
         url = settings.redis.url
         if url is None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from triogate.api import auth
+from triogate.api import auth, controls
 from triogate.api.errors import ApiError
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
@@ -57,9 +57,12 @@ class Admission:
     extra_headers: dict[str, str] = attrs.Factory(dict)
 
     def headers(self, services: Services, call: Call, *,
-                deployment: Deployment | None = None) -> dict[str, str]:
-        """Response headers: degradation, limits, cache status, tracing."""
+                deployment: Deployment | None = None,
+                cost_nanousd: int | None = None) -> dict[str, str]:
+        """Response headers: degradation, limits, cache status, tracing, LiteLLM's."""
         headers = dict(self.extra_headers)
+        headers.update(controls.litellm_headers(call, self, deployment=deployment,
+                                                cost_nanousd=cost_nanousd))
         if self.degraded:
             headers["x-triogate-degraded"] = "redis"
         if deployment is not None:
@@ -76,7 +79,7 @@ def estimate_nanousd(services: Services, call: Call) -> int:
     """The most the request may cost on any deployment of its group (reserved up front)."""
     return max(
         (d.price.cost_nanousd(call.input_tokens, call.output_tokens)
-         for d in services.config.groups[call.group]),
+         for d in controls.deployments(services, call)),
         default=0,
     )
 
@@ -136,6 +139,7 @@ async def admit(services: Services, call: Call) -> Admission:
         request_id=call.trace_id,
         now_ms=now_ms,
         estimate_tokens=call.input_tokens + call.output_tokens,
+        request=call.routing,
     )
     request = RequestFacts(
         request_id=call.trace_id,
@@ -148,7 +152,8 @@ async def admit(services: Services, call: Call) -> Admission:
         services.backends, tracer=services.tracer, trace_id=call.trace_id
     ) as scope:
         who = scope.start_participant(
-            auth.resolve, services, scope.batch, call.request, call.group, call.end_user,
+            auth.resolve, services, scope.batch, call.request,
+            call.routing.model or call.group, call.end_user,
             call.tags, name="auth",
         )
         route = scope.start_participant(

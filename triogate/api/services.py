@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from triogate.routing.models import ModelNames
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
@@ -52,3 +54,6 @@ class Services:
     store: Store | None = None
     spend_logs: SpendLogWriter | None = None
     cache: ResponseCache | None = None
+    #: Model names as clients send them: groups, aliases, wildcards.
+    models: ModelNames = attrs.field(
+        default=attrs.Factory(lambda self: ModelNames(self.config), takes_self=True))
