@@ -47,7 +47,7 @@ class GatewayASGI:
         token = request_id_var.set(request_id)
         try:
             request = Request(scope, receive, request_id)
-            route = self.routes.get((request.method, request.path))
+            route = routes.find(self.routes, request.method, request.path)
             style = route.style if route else "openai"
             try:
                 if route is None:

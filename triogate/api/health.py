@@ -1,4 +1,4 @@
-"""Liveness, readiness, metrics and the model list."""
+"""Liveness, readiness and metrics (the model list is in ``model_info``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from triogate.api import auth
 from triogate.api.http import Response
 from triogate.batch import BackendUnavailable
 from triogate.errors import StoreError
@@ -60,14 +59,3 @@ async def metrics(services: Services, request: Request) -> Response:
     """Prometheus text format."""
     await trio.lowlevel.checkpoint()
     return Response(services.metrics.render(), content_type=CONTENT_TYPE)
-
-
-async def models(services: Services, request: Request) -> Response:
-    """The model groups this key may use, in OpenAI's list shape."""
-    identity = await auth.authenticate_only(services, request)
-    data = [
-        {"id": group, "object": "model", "created": 0, "owned_by": "triogate"}
-        for group in services.config.groups
-        if identity is None or identity.key.allows_model(group)
-    ]
-    return Response.json({"object": "list", "data": data})

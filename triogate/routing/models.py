@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from triogate.config import Price
+from triogate.config_litellm import provider_of
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
     from triogate.config import Deployment, GatewayConfig
 
@@ -131,3 +132,9 @@ def table_price(model: str) -> Price:
         return Price()
     inp, out = table[name]
     return Price(input_usd_per_token=inp, output_usd_per_token=out)
+
+
+def table_models(providers: Iterable[str]) -> list[str]:
+    """The price table's model names served by any of ``providers``, sorted."""
+    wanted = set(providers)
+    return sorted(n for n in _table() if provider_of(n).partition("/")[0] in wanted)
