@@ -94,8 +94,10 @@ async def _govern(
     declare in the same round as routing and the cache: the dependency costs nothing.
     """
     identity = await who.wait()
-    if isinstance(identity, Rejected) or identity.master:
+    if isinstance(identity, Rejected) or (identity.master and identity.end_user is None):
         return None
+    if identity.master:  # the master key with an end user: only the end user's limits
+        identity = attrs.evolve(identity, master=False)
     return (
         scope.start_participant(budgets.reserve, scope.batch, identity, request,
                                 services.checks, services.local, name="budgets"),
