@@ -20,6 +20,7 @@ from functools import partial
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
@@ -43,6 +44,7 @@ from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
 from triogate.governance.local import LocalGovernance
 from triogate.metrics import Metrics
+from triogate.otel import SpanExporter
 from triogate.providers import build_providers
 from triogate.redis_server import open_embedded_server
 from triogate.routing.router import Router
@@ -112,6 +114,12 @@ async def open_gateway(
         await load_scripts(backend)
         backends = dict.fromkeys(BACKEND_NAMES, backend)
         tracer = MemoryTracer() if settings.tracing else None
+        spans: SpanExporter | None = None
+        if config.otel is not None:
+            otel_client = httpx.AsyncClient()
+            stack.push_async_callback(otel_client.aclose)
+            spans = SpanExporter(config.otel, otel_client, inner=tracer)
+            await nursery.start(spans.run)
         health = Health()
         metrics_box: list[Metrics] = []
 
@@ -120,7 +128,8 @@ async def open_gateway(
                 metrics_box[0].redis_waits.labels("after").observe(batch.rounds)
 
         settler = Settler(
-            backends, tracer=tracer, journal=Journal(state_dir / "journal"), on_settled=settled
+            backends, tracer=spans or tracer, journal=Journal(state_dir / "journal"),
+            on_settled=settled,
         )
         await nursery.start(settler.run)
         providers = await stack.enter_async_context(
@@ -171,6 +180,7 @@ async def open_gateway(
             identities=identities,
             store=store,
             spend_logs=spend_logs,
+            spans=spans,
             cache=ResponseCache.from_settings(
                 config.cache, scope=settings.cache.scope,
                 max_entry_bytes=settings.cache.max_entry_bytes,
@@ -188,6 +198,8 @@ async def open_gateway(
                 drain.deadline = trio.current_time() + settings.shutdown_grace_s
                 await settler.wait_drained()
                 await spend_logs.wait_drained()
+                if spans is not None:
+                    await spans.aclose()
             if drain.cancelled_caught:
                 # Nothing is lost: the settler journals and the writer spills what is left.
                 logger.error("not drained within the grace period; journaling the rest")

@@ -313,6 +313,19 @@ class CacheSettings:
 
 
 @attrs.frozen(kw_only=True)
+class OtelSettings:
+    """Where OpenTelemetry spans go (``callbacks: [otel]``): OTLP over HTTP, JSON."""
+
+    endpoint: str
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    service_name: str = "triogate"
+    queue_spans: int = 4096
+    batch_spans: int = 512
+    interval_s: float = 1.0
+    timeout_s: float = 5.0
+
+
+@attrs.frozen(kw_only=True)
 class GatewayConfig:
     """Everything the gateway needs, validated and normalised. Frozen: reload swaps it."""
 
@@ -328,6 +341,7 @@ class GatewayConfig:
     verbose: bool = False
     #: Built-in callbacks switched on (``prometheus``, ``otel``).
     callbacks: frozenset[str] = frozenset()
+    otel: OtelSettings | None = None
 
     @property
     def groups(self) -> dict[str, tuple[Deployment, ...]]:
@@ -643,7 +657,10 @@ def parse_config(
         raise ConfigError(_format_errors(exc, source)) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid configuration in {source}: {exc}") from None
-    return normalise(_with_litellm_redis(file, environ), source=source)
+    config = normalise(_with_litellm_redis(file, environ), source=source)
+    if "otel" in config.callbacks:
+        config = attrs.evolve(config, otel=OtelSettings(**config_litellm.otel(environ)))
+    return config
 
 
 def load_config(path: Path | None, *, environ: Mapping[str, str] | None = None) -> GatewayConfig:

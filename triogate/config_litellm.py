@@ -7,7 +7,7 @@ normalises a file; nothing here reads the environment (the caller passes it).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from triogate.errors import ConfigError
 
@@ -134,3 +134,49 @@ def group_lists(
                     raise ConfigError(f"{path}[{i}]: unknown model group {name!r}")
             out[group] = (*out.get(group, ()), *targets)
     return out
+
+
+#: The OTLP/HTTP default (the OpenTelemetry collector's port for HTTP).
+DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
+
+
+def _headers(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (percent-encoded values), the OTLP headers variable's format."""
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError("OTEL_EXPORTER_OTLP_HEADERS: expected name=value pairs")
+        out[name.strip().lower()] = unquote(value.strip())
+    return out
+
+
+def otel(environ: Mapping[str, str]) -> dict[str, Any]:
+    """OpenTelemetry export settings from the standard variables (and LiteLLM's own).
+
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (the full URL), else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or LiteLLM's ``OTEL_ENDPOINT`` (a base; ``/v1/traces``
+    is added), else ``http://localhost:4318``; headers from
+    ``OTEL_EXPORTER_OTLP_HEADERS`` (or ``OTEL_HEADERS``); ``OTEL_SERVICE_NAME``.
+
+    Raises:
+        ConfigError: a protocol or exporter other than OTLP over HTTP with JSON.
+    """
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol != "http/json":
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r}: triogate exports OTLP "
+                          "over HTTP as JSON only (set http/json)")
+    exporter = environ.get("OTEL_EXPORTER")
+    if exporter and exporter not in ("otlp_http", "otlp"):
+        raise ConfigError(f"OTEL_EXPORTER {exporter!r}: triogate exports OTLP over HTTP only "
+                          "(otlp_http)")
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if not endpoint:
+        base = (environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_ENDPOINT")
+                or DEFAULT_OTLP_ENDPOINT).rstrip("/")
+        endpoint = base if base.endswith("/v1/traces") else f"{base}/v1/traces"
+    headers = _headers(environ.get("OTEL_EXPORTER_OTLP_HEADERS")
+                       or environ.get("OTEL_HEADERS") or "")
+    return {"endpoint": endpoint, "headers": headers,
+            "service_name": environ.get("OTEL_SERVICE_NAME") or "triogate"}

@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import attrs
+import trio
 
 from triogate.api import auth, controls
 from triogate.api.errors import ApiError
@@ -55,6 +56,8 @@ class Admission:
     waits_before: int = 0
     degraded: bool = False
     extra_headers: dict[str, str] = attrs.Factory(dict)
+    #: When admission ended (Trio's clock): the model call starts here (traces).
+    admitted_s: float = attrs.Factory(trio.current_time)
 
     def headers(self, services: Services, call: Call, *,
                 deployment: Deployment | None = None,
@@ -151,7 +154,7 @@ async def admit(services: Services, call: Call) -> Admission:
         now_ms=now_ms,
     )
     async with open_batch_scope(
-        services.backends, tracer=services.tracer, trace_id=call.trace_id
+        services.backends, tracer=services.flush_tracer, trace_id=call.trace_id
     ) as scope:
         who = scope.start_participant(
             auth.resolve, services, scope.batch, call.request,
