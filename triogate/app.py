@@ -20,6 +20,7 @@ from functools import partial
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
@@ -45,6 +46,7 @@ from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
 from triogate.governance.local import LocalGovernance
 from triogate.metrics import Metrics
+from triogate.otel import SpanExporter
 from triogate.providers import build_providers
 from triogate.redis_server import open_embedded_server
 from triogate.routing.router import Router
@@ -102,6 +104,8 @@ async def open_gateway(
     state_dir = config.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     settings = config.settings
+    if config.verbose:  # LiteLLM's set_verbose (logs are JSON lines already: json_logs)
+        logger.setLevel(logging.DEBUG)
     async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
         url = settings.redis.url
         embedded = None
@@ -119,6 +123,12 @@ async def open_gateway(
         await load_scripts(backend)
         backends = dict.fromkeys(BACKEND_NAMES, backend)
         tracer = MemoryTracer() if settings.tracing else None
+        spans: SpanExporter | None = None
+        if config.otel is not None:
+            otel_client = httpx.AsyncClient()
+            stack.push_async_callback(otel_client.aclose)
+            spans = SpanExporter(config.otel, otel_client, inner=tracer)
+            await nursery.start(spans.run)
         health = Health(liveness_grace_s=settings.redis.liveness_grace_s)
         if embedded is not None:
             # A restarted server has no scripts: load them again so the first request
@@ -133,7 +143,7 @@ async def open_gateway(
                 metrics_box[0].redis_waits.labels("after").observe(batch.rounds)
 
         settler = Settler(
-            backends, tracer=tracer, journal=Journal(state_dir / "journal"),
+            backends, tracer=spans or tracer, journal=Journal(state_dir / "journal"),
             dead_letters=DeadLetterFile(state_dir / "dead-letter.jsonl"), scripts=lua_scripts(),
             on_settled=settled, clock_ms=clock_ms,
         )
@@ -204,6 +214,7 @@ async def open_gateway(
             identities=identities,
             store=store,
             spend_logs=spend_logs,
+            spans=spans,
             cache=ResponseCache.from_settings(
                 config.cache, scope=settings.cache.scope,
                 max_entry_bytes=settings.cache.max_entry_bytes,
@@ -222,6 +233,8 @@ async def open_gateway(
                 await settler.wait_drained()
                 await spend_logs.wait_drained()
                 await identities.wait_announced()
+                if spans is not None:
+                    await spans.aclose()
             if drain.cancelled_caught:
                 # Nothing is lost: the settler journals and the writer spills what is left.
                 logger.error("not drained within the grace period; journaling the rest")

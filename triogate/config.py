@@ -28,6 +28,7 @@ import yaml
 from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
+from triogate import config_litellm
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ class LitellmParams:
         default=0.0, validator=[_non_negative, attrs.validators.le(1)]
     )
     mock_failure_status: int = 500
+    #: LiteLLM's per-deployment ``drop_params``: drop what this provider cannot take.
+    drop_params: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -95,12 +98,20 @@ class RouterSettingsFile:
     """``router_settings``. ``timeout`` and ``cooldown_time`` are in seconds."""
 
     routing_strategy: str = "simple-shuffle"
-    num_retries: int = attrs.field(default=2, validator=_non_negative)
+    num_retries: int | None = attrs.field(default=None, validator=_optional(_non_negative))
     timeout: float | None = attrs.field(default=None, validator=_optional(_positive))
     allowed_fails: int = attrs.field(default=3, validator=_non_negative)
     cooldown_time: float = attrs.field(default=5.0, validator=_non_negative)
     retry_after: float = attrs.field(default=0.0, validator=_non_negative)
     fallbacks: list[dict[str, list[str]]] = attrs.Factory(list)
+    context_window_fallbacks: list[dict[str, list[str]]] = attrs.Factory(list)
+    #: alias → group, or alias → ``{model: group, hidden: bool}`` (LiteLLM's two forms).
+    model_group_alias: dict[str, str | dict[str, Any]] = attrs.Factory(dict)
+    # LiteLLM's Redis settings: they become the Redis URL (see ``compat.redis_url``).
+    redis_host: str | None = None
+    redis_port: int | str | None = None
+    redis_password: str | None = attrs.field(default=None, repr=False)
+    redis_url: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -117,6 +128,11 @@ class CacheParamsFile:
 
     type: Literal["redis"] = "redis"
     ttl: float = attrs.field(default=600.0, validator=_positive)
+    host: str | None = None
+    port: int | str | None = None
+    password: str | None = attrs.field(default=None, repr=False)
+    url: str | None = attrs.field(default=None, repr=False)
+    redis_url: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -126,6 +142,15 @@ class LitellmSettingsFile:
     cache: bool = False
     cache_params: CacheParamsFile = attrs.Factory(CacheParamsFile)
     request_timeout: float | None = attrs.field(default=None, validator=_optional(_positive))
+    num_retries: int | None = attrs.field(default=None, validator=_optional(_non_negative))
+    drop_params: bool = False
+    set_verbose: bool = False
+    json_logs: bool = False
+    #: Only the built-in ones: ``prometheus`` (always on at /metrics) and ``otel``.
+    callbacks: list[str] | str = attrs.Factory(list)
+    success_callback: list[str] = attrs.Factory(list)
+    failure_callback: list[str] = attrs.Factory(list)
+    context_window_fallbacks: list[dict[str, list[str]]] = attrs.Factory(list)
 
 
 @attrs.frozen(kw_only=True)
@@ -207,6 +232,8 @@ class TriogateSettings:
     spend_log_interval_s: float = attrs.field(default=1.0, validator=_positive)
     spend_log_batch_rows: int = attrs.field(default=500, validator=_positive)
     upstream_max_connections: int = attrs.field(default=1000, validator=_positive)
+    #: Most retries a request may ask for (body ``num_retries``, ``x-litellm-num-retries``).
+    max_request_retries: int = attrs.field(default=5, validator=_non_negative)
 
 
 @attrs.frozen(kw_only=True)
@@ -267,6 +294,14 @@ class Deployment:
     mode: str
     mock: MockSettings | None
     info: Mapping[str, Any]
+    drop_params: bool = False
+    #: Whether the config gave a price (else a wildcard's model is priced from the table).
+    priced: bool = True
+
+    @property
+    def wildcard(self) -> bool:
+        """A ``*`` deployment: the requested model goes to the provider as it is."""
+        return "*" in self.group
 
 
 @attrs.frozen(kw_only=True)
@@ -280,6 +315,11 @@ class RouterSettings:
     cooldown_s: float
     retry_after_s: float
     fallbacks: Mapping[str, tuple[str, ...]]
+    context_window_fallbacks: Mapping[str, tuple[str, ...]] = attrs.Factory(dict)
+    #: ``model_group_alias``: alias → group.
+    aliases: Mapping[str, str] = attrs.Factory(dict)
+    #: Aliases LiteLLM's ``hidden: true`` keeps out of ``/v1/models``.
+    hidden_aliases: frozenset[str] = frozenset()
 
 
 @attrs.frozen(kw_only=True)
@@ -288,6 +328,19 @@ class CacheSettings:
 
     enabled: bool
     ttl_s: float
+
+
+@attrs.frozen(kw_only=True)
+class OtelSettings:
+    """Where OpenTelemetry spans go (``callbacks: [otel]``): OTLP over HTTP, JSON."""
+
+    endpoint: str
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    service_name: str = "triogate"
+    queue_spans: int = 4096
+    batch_spans: int = 512
+    interval_s: float = 1.0
+    timeout_s: float = 5.0
 
 
 @attrs.frozen(kw_only=True)
@@ -302,6 +355,11 @@ class GatewayConfig:
     request_timeout_s: float | None
     settings: TriogateSettings
     source: str
+    drop_params: bool = False
+    verbose: bool = False
+    #: Built-in callbacks switched on (``prometheus``, ``otel``).
+    callbacks: frozenset[str] = frozenset()
+    otel: OtelSettings | None = None
 
     @property
     def groups(self) -> dict[str, tuple[Deployment, ...]]:
@@ -330,6 +388,31 @@ def _price(value: Any, _: Any) -> float | str | None:
 
 
 _converter.register_structure_hook(float | str | None, _price)
+
+
+def _scalar(value: Any, _: Any) -> Any:
+    """A port: a number or a string (``os.environ/REDIS_PORT`` expands to a string)."""
+    if value is None or (isinstance(value, (int, str)) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"expected a number or a string, got {value!r}")
+
+
+def _names(value: Any, _: Any) -> list[str] | str:
+    if isinstance(value, str) or (isinstance(value, list)
+                                  and all(isinstance(v, str) for v in value)):
+        return value
+    raise ValueError(f"expected a name or a list of names, got {value!r}")
+
+
+def _alias_target(value: Any, _: Any) -> str | dict[str, Any]:
+    if isinstance(value, (str, dict)):
+        return value
+    raise ValueError(f"expected a model group or a mapping, got {value!r}")
+
+
+_converter.register_structure_hook(int | str | None, _scalar)
+_converter.register_structure_hook(list[str] | str, _names)
+_converter.register_structure_hook(str | dict[str, Any], _alias_target)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -391,14 +474,20 @@ def _decimal(value: float | str | None, path: str) -> Decimal:
     return result
 
 
-def _deployment(i: int, entry: ModelEntry, default_timeout_s: float) -> Deployment:
+def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
+                drop_params: bool = False) -> Deployment:
     params = entry.litellm_params
     path = f"$.model_list[{i}].litellm_params"
-    provider, sep, upstream = params.model.partition("/")
+    provider, sep, upstream = config_litellm.provider_of(params.model).partition("/")
     if not sep or provider not in PROVIDERS or not upstream:
         raise ConfigError(
             f"{path}.model: {params.model!r} must be <provider>/<model> with provider one of "
             f"{', '.join(PROVIDERS)}"
+        )
+    if upstream.count("*") > entry.model_name.count("*"):
+        raise ConfigError(
+            f"{path}.model: {params.model!r} has a '*' that model_name "
+            f"{entry.model_name!r} does not fill"
         )
     mode = str(entry.model_info.get("mode", "chat"))
     if mode not in ("chat", "embedding"):
@@ -445,6 +534,9 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float) -> Deployme
         if provider == "mock"
         else None,
         info=dict(entry.model_info),
+        drop_params=drop_params if params.drop_params is None else params.drop_params,
+        priced=params.input_cost_per_token is not None
+        or params.output_cost_per_token is not None,
     )
 
 
@@ -464,9 +556,11 @@ def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
             f"$.router_settings.routing_strategy: {rs.routing_strategy!r} is not one of "
             f"{', '.join(STRATEGIES)}"
         )
-    default_timeout_s = rs.timeout or file.litellm_settings.request_timeout or DEFAULT_TIMEOUT_S
+    ls = file.litellm_settings
+    default_timeout_s = rs.timeout or ls.request_timeout or DEFAULT_TIMEOUT_S
     deployments = tuple(
-        _deployment(i, e, default_timeout_s) for i, e in enumerate(file.model_list)
+        _deployment(i, e, default_timeout_s, ls.drop_params)
+        for i, e in enumerate(file.model_list)
     )
     seen: set[str] = set()
     for i, d in enumerate(deployments):
@@ -474,26 +568,32 @@ def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
             raise ConfigError(f"$.model_list[{i}].model_info.id: duplicate id {d.id!r}")
         seen.add(d.id)
     groups = {d.group for d in deployments}
-    fallbacks: dict[str, tuple[str, ...]] = {}
-    for i, item in enumerate(rs.fallbacks):
-        for group, targets in item.items():
-            for name in (group, *targets):
-                if name not in groups:
-                    raise ConfigError(
-                        f"$.router_settings.fallbacks[{i}]: unknown model group {name!r}"
-                    )
-            fallbacks[group] = tuple(targets)
-    ls = file.litellm_settings
+    fallbacks = config_litellm.group_lists(rs.fallbacks, groups, "$.router_settings.fallbacks")
+    context_fallbacks = {
+        **config_litellm.group_lists(ls.context_window_fallbacks, groups,
+                                     "$.litellm_settings.context_window_fallbacks"),
+        **config_litellm.group_lists(rs.context_window_fallbacks, groups,
+                                     "$.router_settings.context_window_fallbacks"),
+    }
+    aliases, hidden = config_litellm.aliases(rs.model_group_alias, groups)
+    callbacks = config_litellm.callbacks({
+        "callbacks": ls.callbacks, "success_callback": ls.success_callback,
+        "failure_callback": ls.failure_callback,
+    })
+    num_retries = next((n for n in (rs.num_retries, ls.num_retries) if n is not None), 2)
     return GatewayConfig(
         deployments=deployments,
         router=RouterSettings(
             strategy=rs.routing_strategy,
-            num_retries=rs.num_retries,
+            num_retries=num_retries,
             timeout_s=rs.timeout,
             allowed_fails=rs.allowed_fails,
             cooldown_s=rs.cooldown_time,
             retry_after_s=rs.retry_after,
             fallbacks=fallbacks,
+            context_window_fallbacks=context_fallbacks,
+            aliases=aliases,
+            hidden_aliases=hidden,
         ),
         master_key=file.general_settings.master_key,
         database_url=file.general_settings.database_url,
@@ -501,7 +601,38 @@ def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
         request_timeout_s=ls.request_timeout,
         settings=file.triogate,
         source=source,
+        drop_params=ls.drop_params,
+        verbose=ls.set_verbose,
+        callbacks=callbacks,
     )
+
+
+def _with_litellm_redis(file: ConfigFile, environ: Mapping[str, str]) -> ConfigFile:
+    """Fill ``triogate.redis.url`` from LiteLLM's Redis settings when it is not set.
+
+    In order: ``router_settings.redis_url``, ``router_settings.redis_host/port/password``,
+    ``cache_params.url|redis_url``, ``cache_params.host/port/password``, then the
+    ``REDIS_URL`` or ``REDIS_HOST``/``REDIS_PORT``/``REDIS_PASSWORD`` environment.
+    """
+    if file.triogate.redis.url:
+        return file
+    rs, cp = file.router_settings, file.litellm_settings.cache_params
+    first = config_litellm.first
+    url = first(rs.redis_url, cp.url, cp.redis_url) or config_litellm.redis_url(
+        url=None,
+        host=first(rs.redis_host, cp.host),
+        port=first(rs.redis_port, cp.port, environ.get("REDIS_PORT")),
+        password=first(rs.redis_password, cp.password, environ.get("REDIS_PASSWORD")),
+    ) or environ.get("REDIS_URL") or config_litellm.redis_url(
+        url=None,
+        host=environ.get("REDIS_HOST"),
+        port=environ.get("REDIS_PORT"),
+        password=environ.get("REDIS_PASSWORD"),
+    )
+    if not url:
+        return file
+    redis = attrs.evolve(file.triogate.redis, url=url)
+    return attrs.evolve(file, triogate=attrs.evolve(file.triogate, redis=redis))
 
 
 def parse_config(
@@ -517,6 +648,13 @@ def parse_config(
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid configuration in {source}: the top level must be a mapping")
+    raw = dict(raw)
+    # LiteLLM's ``environment_variables`` section: defaults for the real environment.
+    section = raw.pop("environment_variables", None) or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"invalid configuration in {source}: environment_variables must be "
+                          "a mapping")
+    environ = {**{str(k): str(v) for k, v in section.items()}, **environ}
     raw = expand_env(raw, environ)
     raw.setdefault("triogate", {})
     if raw["triogate"] is None:
@@ -537,7 +675,10 @@ def parse_config(
         raise ConfigError(_format_errors(exc, source)) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid configuration in {source}: {exc}") from None
-    return normalise(file, source=source)
+    config = normalise(_with_litellm_redis(file, environ), source=source)
+    if "otel" in config.callbacks:
+        config = attrs.evolve(config, otel=OtelSettings(**config_litellm.otel(environ)))
+    return config
 
 
 def load_config(path: Path | None, *, environ: Mapping[str, str] | None = None) -> GatewayConfig:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import trio
 
-from triogate.api import auth, settlement
+from triogate.api import auth, controls, settlement
 from triogate.api.errors import ApiError
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
@@ -65,11 +65,16 @@ class Admission:
     settled: bool = False
     #: Set when a stream's producer took over settlement.
     handed_off: bool = False
+    #: When admission ended (Trio's clock): the model call starts here (traces).
+    admitted_s: float = attrs.Factory(trio.current_time)
 
     def headers(self, services: Services, call: Call, *,
-                deployment: Deployment | None = None) -> dict[str, str]:
-        """Response headers: degradation, limits, cache status, tracing."""
+                deployment: Deployment | None = None,
+                cost_nanousd: int | None = None) -> dict[str, str]:
+        """Response headers: degradation, limits, cache status, tracing, LiteLLM's."""
         headers = dict(self.extra_headers)
+        headers.update(controls.litellm_headers(call, self, deployment=deployment,
+                                                cost_nanousd=cost_nanousd))
         if self.degraded:
             headers["x-triogate-degraded"] = "redis"
         if deployment is not None:
@@ -86,7 +91,7 @@ def estimate_nanousd(services: Services, call: Call) -> int:
     """The most the request may cost on any deployment of its group (reserved up front)."""
     return max(
         (d.price.cost_nanousd(call.input_tokens, call.output_tokens)
-         for d in services.config.groups[call.group]),
+         for d in controls.deployments(services, call)),
         default=0,
     )
 
@@ -101,8 +106,10 @@ async def _govern(
     declare in the same round as routing and the cache: the dependency costs nothing.
     """
     identity = await who.wait()
-    if isinstance(identity, Rejected) or identity.master:
+    if isinstance(identity, Rejected) or (identity.master and identity.end_user is None):
         return None
+    if identity.master:  # the master key with an end user: only the end user's limits
+        identity = attrs.evolve(identity, master=False)
     return (
         scope.start_participant(budgets.reserve, scope.batch, identity, request,
                                 services.checks, services.local, name="budgets"),
@@ -145,7 +152,12 @@ async def admit(services: Services, call: Call) -> Admission:
     # The handlers bound every input; this bound is the scripts' own (integers < 2^53),
     # so that no estimate can make a script refuse the request.
     tokens = min(call.input_tokens + call.output_tokens, MAX_SCRIPT_INT)
-    facts = RoutingFacts(request_id=call.trace_id, now_ms=now_ms, estimate_tokens=tokens)
+    facts = RoutingFacts(
+        request_id=call.trace_id,
+        now_ms=now_ms,
+        estimate_tokens=tokens,
+        request=call.routing,
+    )
     request = RequestFacts(
         request_id=call.trace_id,
         model_group=call.group,
@@ -154,10 +166,11 @@ async def admit(services: Services, call: Call) -> Admission:
         now_ms=now_ms,
     )
     async with open_batch_scope(
-        services.backends, tracer=services.tracer, trace_id=call.trace_id
+        services.backends, tracer=services.flush_tracer, trace_id=call.trace_id
     ) as scope:
         who = scope.start_participant(
-            auth.resolve, services, scope.batch, call.request, call.group, call.end_user,
+            auth.resolve, services, scope.batch, call.request,
+            call.routing.model or call.group, call.end_user,
             call.tags, name="auth",
         )
         route = scope.start_participant(

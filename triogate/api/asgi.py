@@ -55,7 +55,8 @@ class GatewayASGI:
             request = Request(scope, receive, request_id)
             head = request.method == "HEAD"
             # HEAD is GET without the body, wherever GET exists.
-            route = self.routes.get(("GET" if head else request.method, request.path))
+            route = routes.find(self.routes, "GET" if head else request.method,
+                                request.path)
             style = route.style if route else "openai"
             try:
                 if request.method == "OPTIONS" and request.path in self._paths:

@@ -62,6 +62,9 @@ async def resolve(
     if key is None:
         return _missing_key()
     if is_master(services, key):
+        if end_user and services.identities is not None:
+            # LiteLLM applies a customer's budget whoever calls: the master key too.
+            return await services.identities.resolve_end_user(batch, MASTER, end_user)
         return MASTER
     if services.identities is None:
         return _bad_key()

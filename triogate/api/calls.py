@@ -11,7 +11,7 @@ import functools
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import auth, validate
+from triogate.api import auth, controls, validate
 from triogate.api.errors import ApiError
 from triogate.api.flow import Call
 from triogate.errors import StoreError
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 #: Fields the gateway reads and does not pass upstream (``mock_response`` stays for mock
 #: deployments, whose provider honours it).
-GATEWAY_FIELDS = ("cache", "metadata", "mock_response")
+GATEWAY_FIELDS = ("cache", "metadata", "mock_response", *controls.CONTROL_FIELDS)
 #: Most choices one request may ask for (OpenAI's own limit).
 MAX_CHOICES = 128
 
@@ -61,13 +61,15 @@ def auth_first(handler: Handler) -> Handler:
 
 
 async def read_body(services: Services, request: Request) -> tuple[dict[str, Any], str]:
-    """The JSON body and its model group (which must exist)."""
+    """The JSON body and its model group (a group, an alias's, or a wildcard's)."""
     body = await request.json(services.config.settings.max_body_bytes)
-    return body, validate.model_name(body, services.config.groups)
+    return body, controls.resolve_model(services, body).group
 
 
 def check_mode(services: Services, group: str, *, embedding: bool) -> None:
-    """400 when the group serves the other kind of model."""
+    """400 when the group serves the other kind of model (wildcards serve both)."""
+    if "*" in group:
+        return
     modes = {d.mode for d in services.config.groups[group]}
     if embedding and "embedding" not in modes:
         raise ApiError(400, f"model '{group}' is not an embedding model", param="model")
@@ -109,6 +111,7 @@ def make_call(
 ) -> Call:
     """The :class:`Call` for a validated body (``upstream`` overrides the body sent on)."""
     stream = bool(validate.field(body, "stream", bool, what="a boolean"))
+    ref = controls.resolve_model(services, body)
     return Call(
         api=api,
         route=api,
@@ -126,4 +129,6 @@ def make_call(
         tags=validate.tags_of(body),
         input_tokens=estimate_input_tokens(api, body),
         output_tokens=output_tokens,
+        routing=controls.routing(services, body, request, ref),
+        drop_params=controls.drop_params(body),
     )

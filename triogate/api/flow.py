@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
-from triogate.api import admission, settlement, sse
+from triogate.api import admission, controls, settlement, sse
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.http import Response, StreamResponse
 from triogate.cache.replay import replay
 from triogate.cache.response import CacheControl
 from triogate.errors import ProviderError, TranslationError
-from triogate.routing.router import NoDeploymentAvailable
+from triogate.routing.router import NoDeploymentAvailable, RequestRouting
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -76,6 +76,9 @@ class Call:
         tags: request tags.
         input_tokens, output_tokens: estimates, for reservations before the call.
         cache: the request's cache controls (body ``cache`` and headers).
+        routing: LiteLLM's request controls for routing (wildcard model, fallbacks,
+            retries, timeout; see ``controls.py``).
+        drop_params: the request's own ``drop_params``, if it sent one.
     """
 
     api: Api
@@ -92,6 +95,8 @@ class Call:
     input_tokens: int
     output_tokens: int
     cache: CacheControl = attrs.field(factory=CacheControl)
+    routing: RequestRouting = attrs.Factory(RequestRouting)
+    drop_params: bool | None = None
 
 
 async def serve(services: Services, call: Call) -> Response:
@@ -164,15 +169,15 @@ async def _route(
 async def _complete(services: Services, call: Call, admitted: Admission) -> Response:
     async def attempt(deployment: Deployment) -> Completion:
         provider = services.providers[deployment.provider]
-        return await provider.complete(call.api, call.body, deployment)
+        return await provider.complete(call.api, controls.body_for(call, deployment),
+                                       deployment)
 
     result = await _route(services, call, admitted, attempt)
     completion = result.value
-    await settlement.settle(
-        services, call, admitted,
-        outcome=settlement.succeeded(result, completion.usage, body=completion.body),
-    )
-    headers = admitted.headers(services, call, deployment=result.deployment)
+    outcome = settlement.succeeded(result, completion.usage, body=completion.body)
+    await settlement.settle(services, call, admitted, outcome=outcome)
+    headers = admitted.headers(services, call, deployment=result.deployment,
+                               cost_nanousd=settlement.cost_nanousd(outcome))
     return Response.json(completion.body, headers=headers)
 
 
@@ -191,8 +196,8 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         provider = services.providers[deployment.provider]
         stack = AsyncExitStack()
         try:
-            stream = await stack.enter_async_context(provider.stream(call.api, call.body,
-                                                                     deployment))
+            stream = await stack.enter_async_context(provider.stream(
+                call.api, controls.body_for(call, deployment), deployment))
             events = stream.__aiter__()
             first = await anext(events, None)
         except BaseException:

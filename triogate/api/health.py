@@ -1,9 +1,8 @@
-"""Liveness, readiness, metrics and the model list."""
+"""Liveness, readiness and metrics (the model list is in ``model_info``)."""
 
 from __future__ import annotations
 
 import hmac
-from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -108,16 +107,3 @@ async def metrics(services: Services, request: Request) -> Response:
             raise ApiError(401, "/metrics needs the metrics key: send "
                            "'Authorization: Bearer <key>'", "authentication_error")
     return Response(services.metrics.render(), content_type=CONTENT_TYPE)
-
-
-async def models(services: Services, request: Request) -> Response:
-    """The model groups this key may use, in OpenAI's list shape."""
-    identity = await auth.authenticate_only(services, request)
-    data = [
-        {"id": group, "object": "model", "created": 0, "owned_by": "triogate"}
-        for group in services.config.groups
-        if identity is None
-        or identity.first_refusing(group, providers=partial(auth.group_providers, services, group))
-        is None
-    ]
-    return Response.json({"object": "list", "data": data})

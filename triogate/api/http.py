@@ -78,12 +78,12 @@ class Request:
         return value
 
     def bearer(self) -> str | None:
-        """The key from ``Authorization: Bearer …`` or ``x-api-key`` (either API's way)."""
+        """The key from ``Authorization: Bearer …``, ``x-api-key`` or Azure's ``api-key``."""
         auth = self.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
-        return self.headers.get("x-api-key") or None
+        return self.headers.get("x-api-key") or self.headers.get("api-key") or None
 
 
 class ClientGone(Exception):

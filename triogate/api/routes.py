@@ -6,7 +6,17 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from triogate.api import chat, embeddings, health, messages, responses
+from triogate.api import (
+    azure,
+    chat,
+    completions,
+    embeddings,
+    health,
+    messages,
+    model_health,
+    model_info,
+    responses,
+)
 from triogate.api.admin.routes import routes as admin_routes
 
 if TYPE_CHECKING:
@@ -34,13 +44,42 @@ def table() -> dict[tuple[str, str], Route]:
         ("GET", "/health/liveness"): Route(health.liveliness),
         ("GET", "/health/readiness"): Route(health.readiness),
         ("GET", "/metrics"): Route(health.metrics),
+        ("GET", "/health"): Route(model_health.health),
+        ("GET", "/model/info"): Route(model_info.model_info),
+        ("GET", "/v1/model/info"): Route(model_info.model_info),
+        ("GET", "/v2/model/info"): Route(model_info.model_info_v2),
+        ("GET", "/model_group/info"): Route(model_info.model_group_info),
     }
     for prefix in ("/v1", ""):
         routes[("POST", f"{prefix}/chat/completions")] = Route(chat.chat_completions)
         routes[("POST", f"{prefix}/messages")] = Route(messages.create_message, "anthropic")
         routes[("POST", f"{prefix}/responses")] = Route(responses.create_response)
         routes[("POST", f"{prefix}/embeddings")] = Route(embeddings.create_embeddings)
-        routes[("GET", f"{prefix}/models")] = Route(health.models)
+        routes[("POST", f"{prefix}/completions")] = Route(completions.completions)
+        routes[("GET", f"{prefix}/models")] = Route(model_info.models)
     for (method, path), handler in admin_routes().items():
         routes[(method, path)] = Route(handler)
     return routes
+
+
+#: Routes with a path parameter: (method, prefix, suffix) → route; the parameter is what
+#: lies between (handlers read it from ``request.path``).
+PATTERNS: tuple[tuple[str, str, str, Route], ...] = (
+    ("POST", azure.PREFIX, "/chat/completions", Route(azure.chat_completions)),
+    ("POST", azure.PREFIX, "/embeddings", Route(azure.create_embeddings)),
+    ("POST", azure.PREFIX, "/completions", Route(azure.legacy_completions)),
+    ("GET", "/v1/models/", "", Route(model_info.model)),
+    ("GET", "/models/", "", Route(model_info.model)),
+)
+
+
+def find(routes: dict[tuple[str, str], Route], method: str, path: str) -> Route | None:
+    """The route of ``path``: an exact one, else the first pattern it fits."""
+    route = routes.get((method, path))
+    if route is not None:
+        return route
+    for m, prefix, suffix, candidate in PATTERNS:
+        if (m == method and path.startswith(prefix) and path.endswith(suffix)
+                and len(path) > len(prefix) + len(suffix)):
+            return candidate
+    return None

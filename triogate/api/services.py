@@ -10,16 +10,19 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from triogate.routing.models import ModelNames
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from triogate.batch import Backend, MemoryTracer, Settler
+    from triogate.batch import Backend, MemoryTracer, Settler, Tracer
     from triogate.cache.response import ResponseCache
     from triogate.config import GatewayConfig
     from triogate.governance.facts import CheckSettings
     from triogate.governance.identity import IdentityResolver
     from triogate.governance.local import LocalGovernance
     from triogate.metrics import Metrics
+    from triogate.otel import SpanExporter
     from triogate.providers.base import Provider
     from triogate.routing.router import Router
     from triogate.store import Store
@@ -57,3 +60,12 @@ class Services:
     store: Store | None = None
     spend_logs: SpendLogWriter | None = None
     cache: ResponseCache | None = None
+    #: OpenTelemetry (``callbacks: [otel]``): request spans go here.
+    spans: SpanExporter | None = None
+    #: What the batch scopes report flushes to: the in-memory tracer, or the span
+    #: exporter wrapping it.
+    flush_tracer: Tracer | None = attrs.field(
+        default=attrs.Factory(lambda self: self.spans or self.tracer, takes_self=True))
+    #: Model names as clients send them: groups, aliases, wildcards.
+    models: ModelNames = attrs.field(
+        default=attrs.Factory(lambda self: ModelNames(self.config), takes_self=True))

@@ -18,6 +18,7 @@ import trio
 from triogate.batch import open_post_call_batch
 from triogate.cache.replay import assemble
 from triogate.governance import budgets, rate_limits
+from triogate.otel import RequestSpans
 from triogate.providers.base import Usage
 from triogate.store.records import SpendLogRow
 
@@ -111,6 +112,7 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         await trio.lowlevel.checkpoint()
         return
     admitted.settled = True
+    settle_started_s = trio.current_time()
     settings = services.config.settings
     now_ms = services.clock_ms()
     async with open_post_call_batch(
@@ -165,6 +167,23 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         line["request_body"] = call.body
         line["response_body"] = outcome.body
     logger.info("request", extra=line)
+    if services.spans is not None:
+        services.spans.request_done(_spans(call, admitted, outcome, settle_started_s))
+
+
+def _spans(call: Call, admitted: Admission, outcome: Outcome, settle_started_s: float
+           ) -> RequestSpans:
+    attempts = (outcome.route.attempts if outcome.route is not None
+                else tuple(admitted.routing.attempts) if admitted.routing is not None else ())
+    return RequestSpans(
+        trace_id=call.trace_id, route=call.route, group=call.group, status=outcome.status,
+        http_status=outcome.http_status, started_s=call.request.started_at,
+        admitted_s=admitted.admitted_s, settle_started_s=settle_started_s,
+        ended_s=trio.current_time(), attempts=attempts,
+        deployment=outcome.deployment.id if outcome.deployment else None,
+        input_tokens=outcome.usage.input_tokens, output_tokens=outcome.usage.output_tokens,
+        cost_nanousd=cost_nanousd(outcome),
+    )
 
 
 def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int) -> SpendLogRow:

@@ -297,6 +297,26 @@ class IdentityResolver:
             await trio.lowlevel.checkpoint()
         return self._identity(rows, key_hash, group, end_user, tags, now_ms, providers)
 
+    async def resolve_end_user(self, batch: Batch, identity: Identity, end_user: str
+                               ) -> Identity | Rejected:
+        """``identity`` (the master key's) with the end user's principal, so that the end
+        user's budget and limits apply to master-key requests too.
+
+        Costs what a key's end user costs: nothing when the row is in memory, else one
+        MGET (and SQL, whose write-back rides the next round). A blocked end user is 403.
+
+        Raises:
+            StoreError: SQL was needed and failed.
+        """
+        rows = await self._rows(batch, [("end_user", end_user)])
+        end = rows.get(("end_user", end_user))
+        if not isinstance(end, Principal):
+            return identity
+        if end.blocked:
+            return _reject(403, "end_user_blocked",
+                           f"end user '{end.alias or end.id}' is blocked")
+        return attrs.evolve(identity, end_user=end)
+
     async def _rows(self, batch: Batch, wanted: list[tuple[str, str]]
                     ) -> dict[tuple[str, str], Row]:
         rows: dict[tuple[str, str], Row] = {}

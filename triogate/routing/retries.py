@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, final
 import attrs
 import trio
 
-from triogate.errors import ProviderError
+from triogate.errors import ProviderError, ProviderStatusError
 from triogate.routing.cooldowns import NoDeploymentAvailable
 
 if TYPE_CHECKING:
@@ -93,6 +93,18 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, ProviderError) and error.retryable
 
 
+_CONTEXT_WINDOW = ("context_length_exceeded", "maximum context length", "context window",
+                   "prompt is too long", "too many tokens")
+
+
+def is_context_window_error(error: BaseException) -> bool:
+    """Whether an upstream refused the request for being longer than its model takes."""
+    if not isinstance(error, ProviderStatusError) or error.status not in (400, 413, 422):
+        return False
+    text = error.body.lower()
+    return any(marker in text for marker in _CONTEXT_WINDOW)
+
+
 async def run_with_fallbacks(
     groups: Sequence[str],
     call: Callable[[Deployment], Awaitable[T]],
@@ -100,6 +112,7 @@ async def run_with_fallbacks(
     policy: RetryPolicy,
     pick: Callable[[str, frozenset[str]], Deployment],
     on_attempt: Callable[[Attempt], None],
+    context_groups: Sequence[str] = (),
 ) -> RouteResult[T]:
     """Call deployments of ``groups`` in order until one succeeds; see the module docstring.
 
@@ -111,6 +124,9 @@ async def run_with_fallbacks(
         pick: ``pick(group, failed_ids)`` returns a deployment or raises
             :class:`NoDeploymentAvailable` when none of that group may be called.
         on_attempt: told of every attempt as it ends (before any retry).
+        context_groups: LiteLLM's ``context_window_fallbacks``: when an upstream says the
+            prompt is too long for its model (:func:`is_context_window_error`), these
+            groups are tried next, once, in place of the remaining ones.
 
     Raises:
         ProviderError: a non-retryable error at once; the last error when exhausted.
@@ -122,7 +138,11 @@ async def run_with_fallbacks(
     attempts: list[Attempt] = []
     last_error: ProviderError | None = None
     unavailable: NoDeploymentAvailable | None = None
-    for group in groups:
+    queue = list(groups)
+    tried: set[str] = set()
+    while queue:
+        group = queue.pop(0)
+        tried.add(group)
         failed: set[str] = set()
         for retry in range(policy.num_retries + 1):
             if retry:
@@ -139,6 +159,12 @@ async def run_with_fallbacks(
                 attempt = Attempt(deployment.id, False, exc, trio.current_time() - started_s)
                 attempts.append(attempt)
                 on_attempt(attempt)
+                if context_groups and is_context_window_error(exc):
+                    assert isinstance(exc, ProviderError)
+                    last_error = exc
+                    queue = [g for g in context_groups if g not in tried]
+                    context_groups = ()
+                    break
                 if not is_retryable(exc):
                     raise
                 assert isinstance(exc, ProviderError)

@@ -29,10 +29,12 @@ from triogate.errors import TriogateError
 from triogate.governance.decisions import Allowed, Rejected
 from triogate.routing import cooldowns, keys, strategies
 from triogate.routing.cooldowns import NoDeploymentAvailable as NoDeploymentAvailable
+from triogate.routing.models import bind
 from triogate.routing.retries import Attempt as Attempt
 from triogate.routing.retries import RetryPolicy, is_retryable, run_with_fallbacks
 from triogate.routing.retries import RouteResult as RouteResult
 from triogate.routing.state import LATENCY_ALPHA, DeploymentState, GroupState, LocalMirror
+from triogate.routing.state import RequestRouting as RequestRouting
 from triogate.routing.state import RoutingState as RoutingState
 
 if TYPE_CHECKING:
@@ -74,11 +76,13 @@ class RoutingFacts:
         request_id: unique per request; keys least-busy claims and record markers.
         now_ms: epoch ms (the app's injectable clock) when the request is routed.
         estimate_tokens: estimated prompt + output tokens, for TPM limits.
+        request: the request's own routing controls (model, fallbacks, retries, timeout).
     """
 
     request_id: str
     now_ms: int
     estimate_tokens: int = 0
+    request: RequestRouting = attrs.Factory(RequestRouting)
 
 
 @final
@@ -119,8 +123,16 @@ class Router:
         """The strategy in use (``usage-based-routing-v2`` reads as ``usage-based-routing``)."""
         return self._strategy
 
-    def route_groups(self, group: str) -> tuple[str, ...]:
-        """``group`` then its fallbacks, in order, without repeats or unknown groups.
+    def fallbacks(self, group: str, request: RequestRouting | None = None) -> tuple[str, ...]:
+        """The groups tried after ``group`` fails: the request's own, else the config's."""
+        if request is not None and request.fallbacks:
+            return request.fallbacks
+        return tuple(self._settings.fallbacks.get(group, ()))
+
+    def route_groups(self, group: str, request: RequestRouting | None = None
+                     ) -> tuple[str, ...]:
+        """``group``, its fallbacks, then its context-window fallbacks, in order, without
+        repeats or unknown groups: every group the request may be routed to.
 
         Raises:
             UnknownGroup: ``group`` has no deployment in the config.
@@ -128,7 +140,8 @@ class Router:
         if group not in self._groups:
             raise UnknownGroup(f"unknown model group {group!r}")
         out = [group]
-        for g in self._settings.fallbacks.get(group, ()):
+        for g in (*self.fallbacks(group, request),
+                  *self._settings.context_window_fallbacks.get(group, ())):
             if g in self._groups and g not in out:
                 out.append(g)
         return tuple(out)
@@ -146,7 +159,7 @@ class Router:
         Raises:
             UnknownGroup: ``group`` is not configured.
         """
-        groups = self.route_groups(group)
+        groups = self.route_groups(group, facts.request)
         least_busy = self._strategy == strategies.LEAST_BUSY
         # Where the claim's scan starts: ties go to a random deployment, not the first.
         offset = self._rng.randrange(len(self._groups[group])) if least_busy else 0
@@ -192,6 +205,7 @@ class Router:
             estimate_tokens=facts.estimate_tokens,
             now_ms=facts.now_ms,
             claimed=claimed,
+            request=facts.request,
         )
 
     def _state_keys(self, group: str, deployments: Sequence[Deployment], now_ms: int) -> list[str]:
@@ -282,6 +296,17 @@ class Router:
         A checkpoint.
         """
         estimate_tokens = state.estimate_tokens if facts is None else facts.estimate_tokens
+        request = state.request
+
+        def bound(deployment: Deployment) -> Deployment:
+            """The deployment as this request calls it: its wildcard filled, its timeout
+            no longer than the request's."""
+            deployment = bind(deployment, request.model)
+            if request.timeout_s is not None and request.timeout_s < deployment.timeout_s:
+                deployment = attrs.evolve(
+                    deployment, timeout_s=request.timeout_s,
+                    stream_timeout_s=min(deployment.stream_timeout_s, request.timeout_s))
+            return deployment
 
         def pick(group: str, failed: frozenset[str]) -> Deployment:
             now_ms = self._clock_ms()
@@ -289,7 +314,7 @@ class Router:
             if group == state.group and state.claimed and state.claimed not in failed:
                 claimed = view.get(state.claimed)
                 if claimed and not cooldowns.is_cooling(claimed.cooldown_until_ms, now_ms):
-                    return claimed.deployment
+                    return bound(claimed.deployment)
             chosen = strategies.choose(
                 self._strategy,
                 view.deployments,
@@ -303,7 +328,7 @@ class Router:
                     view.deployments, now_ms=now_ms, estimate_tokens=estimate_tokens
                 )
                 raise NoDeploymentAvailable(group, retry_after_s, reason=reason)
-            return chosen.deployment
+            return bound(chosen.deployment)
 
         async def tracked(deployment: Deployment) -> T:
             self.mirror.begin(deployment.id)
@@ -327,12 +352,18 @@ class Router:
                     cooldown_s=self._settings.cooldown_s,
                 )
 
+        read = {g.group for g in state.groups}
+        groups = [state.group, *(g for g in self.fallbacks(state.group, request) if g in read)]
+        policy = self._policy if request.num_retries is None else attrs.evolve(
+            self._policy, num_retries=request.num_retries)
         return await run_with_fallbacks(
-            [g.group for g in state.groups],
+            groups,
             tracked,
-            policy=self._policy,
+            policy=policy,
             pick=pick,
             on_attempt=on_attempt,
+            context_groups=[g for g in self._settings.context_window_fallbacks.get(
+                state.group, ()) if g in read],
         )
 
     # ------------------------------------------------------------------ after the call

@@ -85,6 +85,24 @@ class GroupState:
 
 @final
 @attrs.frozen(kw_only=True)
+class RequestRouting:
+    """What one request asks of routing beyond its group (LiteLLM's request controls).
+
+    Attributes:
+        model: the requested model name, sent upstream by wildcard deployments.
+        fallbacks: the request's own ``fallbacks`` (groups), in place of the config's.
+        num_retries: the request's retries per group (already capped by the config).
+        timeout_s: the request's timeout; each deployment's own is the upper bound.
+    """
+
+    model: str | None = None
+    fallbacks: tuple[str, ...] = ()
+    num_retries: int | None = None
+    timeout_s: float | None = None
+
+
+@final
+@attrs.frozen(kw_only=True)
 class RoutingState:
     """One request's routing view, returned by ``Router.read``.
 
@@ -105,6 +123,7 @@ class RoutingState:
     estimate_tokens: int = 0
     now_ms: int
     claimed: str | None = None
+    request: RequestRouting = attrs.Factory(RequestRouting)
     attempts: list[Attempt] = attrs.field(factory=list, eq=False)
 
     @property

@@ -1,0 +1,182 @@
+"""LiteLLM's settings that map onto triogate's own: Redis location, callbacks, aliases.
+
+Pure functions of already-structured values, called by :mod:`triogate.config` while it
+normalises a file; nothing here reads the environment (the caller passes it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+from triogate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+#: Callbacks triogate has built in. ``prometheus`` is always on (``GET /metrics``).
+CALLBACKS = ("prometheus", "otel")
+DEFAULT_REDIS_PORT = 6379
+
+
+def redis_url(
+    *,
+    url: str | None,
+    host: str | None,
+    port: int | str | None,
+    password: str | None,
+) -> str | None:
+    """A ``redis://`` URL from LiteLLM's separate settings (None when no host is known).
+
+    ``url`` wins; else ``host`` (with ``port``, default 6379, and ``password``).
+
+    Raises:
+        ConfigError: a port that is not a number.
+    """
+    if url:
+        return url
+    if not host:
+        return None
+    try:
+        port_number = int(port) if port not in (None, "") else DEFAULT_REDIS_PORT
+    except (TypeError, ValueError):
+        raise ConfigError(f"redis port {port!r} is not a number") from None
+    auth = f":{quote(password, safe='')}@" if password else ""
+    return f"redis://{auth}{host}:{port_number}/0"
+
+
+#: Bare model names LiteLLM knows the provider of (``gpt-4o`` means ``openai/gpt-4o``).
+_BARE_PREFIXES = (
+    ("gpt-", "openai"), ("o1", "openai"), ("o3", "openai"), ("o4", "openai"),
+    ("chatgpt-", "openai"), ("text-embedding-", "openai"), ("davinci", "openai"),
+    ("babbage", "openai"), ("claude-", "anthropic"),
+)
+
+
+def provider_of(model: str) -> str:
+    """``model`` with its provider prefix: given, or inferred for well-known bare names."""
+    if "/" in model:
+        return model
+    for prefix, provider in _BARE_PREFIXES:
+        if model.startswith(prefix):
+            return f"{provider}/{model}"
+    return model
+
+
+def first(*values: Any) -> Any:
+    """The first value that is set (not None, not empty)."""
+    return next((v for v in values if v not in (None, "")), None)
+
+
+def callbacks(sources: Mapping[str, Iterable[str] | str]) -> frozenset[str]:
+    """The built-in callbacks named under ``litellm_settings`` (path → names).
+
+    Raises:
+        ConfigError: a callback triogate does not have, named with its key path.
+    """
+    out: set[str] = set()
+    for path, names in sources.items():
+        for i, name in enumerate([names] if isinstance(names, str) else list(names)):
+            if name not in CALLBACKS:
+                raise ConfigError(
+                    f"$.litellm_settings.{path}[{i}]: callback {name!r} is not supported "
+                    f"(built in: {', '.join(CALLBACKS)})"
+                )
+            out.add(name)
+    return frozenset(out)
+
+
+def aliases(
+    raw: Mapping[str, str | Mapping[str, Any]], groups: Iterable[str]
+) -> tuple[dict[str, str], frozenset[str]]:
+    """``model_group_alias`` → (alias → group, hidden aliases).
+
+    Raises:
+        ConfigError: an alias of an unknown group, an alias that is itself a group, or a
+            malformed entry.
+    """
+    known = set(groups)
+    out: dict[str, str] = {}
+    hidden: set[str] = set()
+    for alias, target in raw.items():
+        path = f"$.router_settings.model_group_alias.{alias}"
+        if isinstance(target, str):
+            group, hide = target, False
+        elif isinstance(target, dict) and isinstance(target.get("model"), str) and set(
+            target) <= {"model", "hidden"}:
+            group, hide = target["model"], bool(target.get("hidden", False))
+        else:
+            raise ConfigError(f"{path}: expected a model group or {{model: ..., hidden: ...}}")
+        if alias in known:
+            raise ConfigError(f"{path}: {alias!r} is already a model group")
+        if group not in known:
+            raise ConfigError(f"{path}: unknown model group {group!r}")
+        out[alias] = group
+        if hide:
+            hidden.add(alias)
+    return out, frozenset(hidden)
+
+
+def group_lists(
+    items: Iterable[Mapping[str, list[str]]], groups: Iterable[str], path: str
+) -> dict[str, tuple[str, ...]]:
+    """``[{group: [fallback, ...]}, ...]`` → group → fallbacks; every name must be a group.
+
+    Raises:
+        ConfigError: a name that is not a model group, with its key path.
+    """
+    known = set(groups)
+    out: dict[str, tuple[str, ...]] = {}
+    for i, item in enumerate(items):
+        for group, targets in item.items():
+            for name in (group, *targets):
+                if name not in known:
+                    raise ConfigError(f"{path}[{i}]: unknown model group {name!r}")
+            out[group] = (*out.get(group, ()), *targets)
+    return out
+
+
+#: The OTLP/HTTP default (the OpenTelemetry collector's port for HTTP).
+DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
+
+
+def _headers(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (percent-encoded values), the OTLP headers variable's format."""
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError("OTEL_EXPORTER_OTLP_HEADERS: expected name=value pairs")
+        out[name.strip().lower()] = unquote(value.strip())
+    return out
+
+
+def otel(environ: Mapping[str, str]) -> dict[str, Any]:
+    """OpenTelemetry export settings from the standard variables (and LiteLLM's own).
+
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (the full URL), else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or LiteLLM's ``OTEL_ENDPOINT`` (a base; ``/v1/traces``
+    is added), else ``http://localhost:4318``; headers from
+    ``OTEL_EXPORTER_OTLP_HEADERS`` (or ``OTEL_HEADERS``); ``OTEL_SERVICE_NAME``.
+
+    Raises:
+        ConfigError: a protocol or exporter other than OTLP over HTTP with JSON.
+    """
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol != "http/json":
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r}: triogate exports OTLP "
+                          "over HTTP as JSON only (set http/json)")
+    exporter = environ.get("OTEL_EXPORTER")
+    if exporter and exporter not in ("otlp_http", "otlp"):
+        raise ConfigError(f"OTEL_EXPORTER {exporter!r}: triogate exports OTLP over HTTP only "
+                          "(otlp_http)")
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if not endpoint:
+        base = (environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_ENDPOINT")
+                or DEFAULT_OTLP_ENDPOINT).rstrip("/")
+        endpoint = base if base.endswith("/v1/traces") else f"{base}/v1/traces"
+    headers = _headers(environ.get("OTEL_EXPORTER_OTLP_HEADERS")
+                       or environ.get("OTEL_HEADERS") or "")
+    return {"endpoint": endpoint, "headers": headers,
+            "service_name": environ.get("OTEL_SERVICE_NAME") or "triogate"}
