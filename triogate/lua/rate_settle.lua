@@ -57,14 +57,26 @@ end
 
 local in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
 
+-- Keeps the window's summary (see rate_admit.lua): `t` moves with the bucket; a bucket
+-- below `o` has already been dropped from the window and is left alone.
 local function adjust(key, delta)
   if delta == 0 or not in_window then return end
-  local value = (tonumber(redis.call('HGET', key, bucket)) or 0) + delta
+  local state = redis.call('HMGET', key, bucket, 't', 'o')
+  local low = tonumber(state[3])
+  if low and bucket < low then return end
+  local before = tonumber(state[1]) or 0
+  local value = before + delta
+  local total = tonumber(state[2])
   if value > 0 then
-    redis.call('HSET', key, bucket, value)
+    if total then
+      redis.call('HSET', key, bucket, value, 't', total + delta)
+    else
+      redis.call('HSET', key, bucket, value)
+    end
     redis.call('PEXPIRE', key, WINDOW_TTL_MS)
   else
     redis.call('HDEL', key, bucket)
+    if total then redis.call('HSET', key, 't', total - before) end
   end
 end
 

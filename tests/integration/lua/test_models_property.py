@@ -19,7 +19,7 @@ from triogate.governance.rate_limits import ADMIT
 from triogate.governance.rate_limits import SETTLE as RATE_SETTLE
 
 from .models import LedgerModel, WindowModel
-from .support import hash_ints, one, run
+from .support import hash_ints, one, run, window_buckets
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +102,7 @@ def test_rate_scripts_match_the_sliding_window_model(
                         used = await one(redis, "ZCOUNT", key, f"({now}", "+inf")
                     else:
                         oldest = now // 1000 - 59
-                        fields = await hash_ints(redis, key)
+                        fields = await window_buckets(redis, key)
                         assert all(v > 0 for v in fields.values())
                         used = sum(v for b, v in fields.items() if int(b) >= oldest)
                     assert used == model.used(i, now), (op, i)

@@ -12,7 +12,7 @@ from triogate.batch import CommandError
 from triogate.governance.keys import PARALLEL, RPM, TPM, rate_marker, rate_window_key
 from triogate.governance.rate_limits import ADMIT, SETTLE
 
-from .support import hash_ints, load, one, run, zset
+from .support import load, one, run, window_buckets, zset
 
 if TYPE_CHECKING:
     from triogate.batch import RespBackend
@@ -96,7 +96,7 @@ async def _snapshot(redis: RespBackend, keys: list[str]) -> dict[str, object]:
     for key in keys:
         kind = await one(redis, "TYPE", key)
         if kind == b"hash":
-            out[key] = {k: v for k, v in (await hash_ints(redis, key)).items()}
+            out[key] = await window_buckets(redis, key)
         elif kind == b"zset":
             out[key] = await zset(redis, key)
     return out
