@@ -173,6 +173,8 @@ for i = 1, n do
       redis.call('HINCRBY', key, current, add)
       redis.call('HSET', key, 't', used[i] + add, 'o', low)
       redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+    elseif used[i] == 0 then
+      redis.call('DEL', key)  -- nothing left in the window
     elseif #stale[i] > 0 or redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 't', used[i], 'o', low)
     end

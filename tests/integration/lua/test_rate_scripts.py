@@ -23,8 +23,8 @@ R = rate_window_key("key", "k1", RPM)
 T = rate_window_key("key", "k1", TPM)
 P = rate_window_key("key", "k1", PARALLEL)
 MR = rate_window_key("key", "k1", RPM, "gpt-4o")
-MARKER = rate_marker("key", "k1", "r1")
 NOW = 1_700_000_000_500  # half-way through bucket CUR
+MARKER = rate_marker("key", "k1", NOW)
 CUR = NOW // 1000
 LEASE = 600_000
 
