@@ -189,6 +189,9 @@ class TriogateSettings:
     spend_log_interval_s: float = attrs.field(default=1.0, validator=_positive)
     spend_log_batch_rows: int = attrs.field(default=500, validator=_positive)
     upstream_max_connections: int = attrs.field(default=1000, validator=_positive)
+    #: Requests one worker serves at once; beyond, a request is answered 503 at once
+    #: (``Retry-After``) instead of queueing behind the others. 0: no limit.
+    max_in_flight: int = attrs.field(default=1000, validator=_non_negative)
 
 
 @attrs.frozen(kw_only=True)
