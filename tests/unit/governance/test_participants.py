@@ -302,7 +302,7 @@ async def test_settle_after_success_declares_one_idempotent_call_per_principal()
     calls = await settle_both(b, r, actual_nanousd=777, actual_tokens=80, admitted=True)
     assert [c[0] for c in calls] == ["budget_settle"] * 4 + ["rate_settle"] * 4
     for name, keys, args in calls:
-        # the markers HASH of the settlement's hour, in the principal's tag (the request
+        # the markers HASH of the settlement's minute, in the principal's tag (the request
         # id is its field)
         assert keys[-1].endswith(f":done:{(NOW_MS + 5_000) // MARKER_SLICE_MS}")
         assert keys[-1].split("}")[0] == keys[0].split("}")[0]
