@@ -153,3 +153,23 @@ async def test_errors_are_httpx_errors(server) -> None:  # type: ignore[no-untyp
             await client.get("http://127.0.0.1:1/")
         # After all that, every slot is free again.
         assert transport._slots.value == transport.max_connections
+
+
+async def test_post_reads_the_whole_answer_and_asks_for_no_coding(server) -> None:  # type: ignore[no-untyped-def]
+    heads: list[bytes] = []
+
+    def reply(head: bytes) -> list[bytes]:
+        heads.append(head)
+        return [b"HTTP/1.1 429 Too Many\r\ntransfer-encoding: chunked\r\n\r\n",
+                b"4\r\nslow\r\n", b"5\r\n down\r\n0\r\n\r\n"]
+
+    url = await server(reply)
+    _, transport = _client()
+    for _ in range(2):
+        status, body = await transport.post(url + "/v1/chat", headers={"x-api-key": "k"},
+                                            content=b"{}", timeout_s=5)
+        assert (status, body) == (429, b"slow down")
+    assert transport.connections_opened == 1
+    assert b"accept-encoding: identity" in heads[0].lower()
+    assert b"content-length: 2" in heads[0].lower()
+    await transport.aclose()

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 import httpx
 
 from triogate.providers.anthropic import AnthropicProvider
-from triogate.providers.base import CONNECT_TIMEOUT_S
 from triogate.providers.mock import MockProvider
 from triogate.providers.openai import OpenAIProvider
-from triogate.providers.transport import UpstreamTransport
+from triogate.providers.transport import CONNECT_TIMEOUT_S, UpstreamTransport, register
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -40,16 +39,18 @@ def new_upstream_client(*, max_connections: int) -> httpx.AsyncClient:
     :class:`~triogate.providers.transport.UpstreamTransport` (an O(1) pool), not
     httpcore's, whose per-request pool scan grew with concurrency (README, Benchmarks).
     """
-    return httpx.AsyncClient(
+    transport = UpstreamTransport(
+        max_connections=max_connections,
+        max_keepalive_connections=min(MAX_KEEPALIVE_CONNECTIONS, max_connections),
+        keepalive_expiry_s=KEEPALIVE_EXPIRY_S,
+    )
+    client = httpx.AsyncClient(
         timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-        transport=UpstreamTransport(
-            max_connections=max_connections,
-            max_keepalive_connections=min(MAX_KEEPALIVE_CONNECTIONS, max_connections),
-            keepalive_expiry_s=KEEPALIVE_EXPIRY_S,
-        ),
+        transport=transport,
         follow_redirects=False,
         trust_env=False,
     )
+    return register(client, transport)
 
 
 @contextlib.asynccontextmanager

@@ -20,13 +20,14 @@ httpx's: ``ConnectError``, ``ConnectTimeout``, ``ReadError``, ``ReadTimeout``,
 from __future__ import annotations
 
 import ssl
+import weakref
 from typing import TYPE_CHECKING, final
 
 import httpx
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Mapping
 
 _MAX_HEAD_BYTES = 64 * 1024
 _READ_SIZE = 65536
@@ -34,6 +35,24 @@ _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 _NO_BODY_STATUS = frozenset((204, 304))
 
 Origin = tuple[bytes, bytes, int]
+
+#: Seconds a connection attempt may take at most.
+CONNECT_TIMEOUT_S = 10.0
+
+_TRANSPORTS: weakref.WeakKeyDictionary[httpx.AsyncClient, UpstreamTransport] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def transport_of(client: httpx.AsyncClient) -> UpstreamTransport | None:
+    """The :class:`UpstreamTransport` ``client`` was built on (:func:`register`), if any."""
+    return _TRANSPORTS.get(client)
+
+
+def register(client: httpx.AsyncClient, transport: UpstreamTransport) -> httpx.AsyncClient:
+    """Remember that ``client`` sends through ``transport`` (for the fast path)."""
+    _TRANSPORTS[client] = transport
+    return client
 
 
 @final
@@ -390,6 +409,32 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 stack.append(conn)
                 return
         await conn.close()
+
+    async def post(
+        self, url: str, *, headers: Mapping[str, str], content: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """POST ``content`` and read the whole answer: ``(status, body)``.
+
+        The hot path of a non-streamed upstream call, without httpx's client layers
+        (request merging, auth and redirect flows, cookies, decoders): the request asks
+        for no content coding, so the body is as sent. ``timeout_s`` bounds connect
+        (at most :data:`CONNECT_TIMEOUT_S`) and each read and write. Same errors as
+        through httpx.
+        """
+        request = httpx.Request(
+            "POST", url, headers={**headers, "accept-encoding": "identity"}, content=content,
+            extensions={"timeout": {"connect": min(timeout_s, CONNECT_TIMEOUT_S),
+                                    "read": timeout_s, "write": timeout_s,
+                                    "pool": timeout_s}},
+        )
+        response = await self.handle_async_request(request)
+        body = response.stream
+        assert isinstance(body, _Body)
+        try:
+            chunks = [chunk async for chunk in body]
+        finally:
+            await body.aclose()
+        return response.status_code, b"".join(chunks)
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}
