@@ -70,7 +70,9 @@ def gateway_yaml(state_dir: Path, upstream: str) -> dict[str, Any]:
         "router_settings": {"routing_strategy": "usage-based-routing"},
         "general_settings": {"master_key": MASTER_KEY},
         "litellm_settings": {"cache": True, "cache_params": {"ttl": 600}},
-        "triogate": {"state_dir": str(state_dir)},
+        # No in-flight limit for the sweep (it measures how throughput holds up, not
+        # refusals); the overload point sets one.
+        "triogate": {"state_dir": str(state_dir), "max_in_flight": 0},
     }
 
 
@@ -178,6 +180,8 @@ class Bench:
                         self.point(url, variant="gateway, 1 worker", target="governed",
                                    stream=False, connections=c, cache="hit", watch=w,
                                    gateway_url=url)
+            if self.args.overload_connections:
+                self.overload(upstream_url, direct_url, base)
             with self.gateway("gateway, 2 workers", governed, 2, direct_url, base) as (url, w):
                 self.grid(url, "gateway, 2 workers", "governed", w, None)
             label = "gateway, 1 worker, governance off"
@@ -217,6 +221,20 @@ class Bench:
                 procs.peak_rss_kib(p.pid) for p in watch["gateway"]]})
         finally:
             gateway.stop()
+
+    def overload(self, upstream_url: str, redis_url: str,
+                 base: dict[str, list[psutil.Process]]) -> None:
+        """One worker with ``max_in_flight`` set, under far more connections than that
+        (non-streaming): the refused requests are wrk's *failed* (503) column."""
+        limited = gateway_yaml(self.work / "state", upstream_url)
+        limited["triogate"]["max_in_flight"] = self.args.max_in_flight
+        config = self.work / "gateway-limited.yaml"
+        config.write_text(yaml.safe_dump(limited))
+        variant = f"gateway, 1 worker, max_in_flight {self.args.max_in_flight}"
+        with self.gateway(variant, config, 1, redis_url, base) as (url, watch):
+            self.point(url, variant=variant, target="governed", stream=False,
+                       connections=self.args.overload_connections, watch=watch,
+                       gateway_url=url)
 
     def behind_proxy(self, proxy: procs.Proxy, config: Path,
                      base: dict[str, list[psutil.Process]]) -> None:
@@ -296,8 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-rounds", type=int, default=10)
     parser.add_argument("--sweep-s", type=int, default=2, help="per sweep point")
     parser.add_argument("--connections", type=int, nargs="+",
-                        help="concurrent connections per point (default 1 32 256; quick: 1 32)")
+                        help="concurrent connections per point "
+                        "(default 1 32 256 1024; quick: 1 32)")
     parser.add_argument("--no-cache-hits", action="store_true")
+    parser.add_argument("--overload-connections", type=int, default=4096,
+                        help="connections of the overload point (0: skip it)")
+    parser.add_argument("--max-in-flight", type=int, default=256,
+                        help="the overload point's triogate.max_in_flight")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one worker with py-spy at 32 connections")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -305,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.duration_s, args.warmup_s, args.sweep_s, args.sweep_rounds = 2, 1, 1, 2
     if args.connections is None:
-        args.connections = [1, 32] if args.quick else [1, 32, 256]
+        args.connections = [1, 32] if args.quick else [1, 32, 256, 1024]
+    if args.quick:
+        args.overload_connections = 0
     if shutil.which("wrk") is None:
         print("wrk not found: apt-get install -y wrk", file=sys.stderr)
         return 2

@@ -260,7 +260,9 @@ def _resp(sock: socket.socket, command: bytes) -> bytes:
 
 def redis_stats(port: int) -> dict[str, int]:
     """Counters from one ``INFO all``: ``total_commands_processed`` (which counts the
-    commands scripts run too), ``total_reads_processed`` and ``cmdstat_<name>`` calls."""
+    commands scripts run too), ``total_reads_processed``, ``cmdstat_<name>`` calls and
+    ``usec_<name>``, the server's microseconds in that command (a script's include the
+    commands it ran)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         text = _resp(sock, b"INFO all\r\n").decode()
     out = {}
@@ -268,6 +270,8 @@ def redis_stats(port: int) -> dict[str, int]:
         name, _, value = line.partition(":")
         if name.startswith("cmdstat_"):
             out[name] = int(value.split("calls=")[1].split(",")[0])
+            out["usec_" + name.removeprefix("cmdstat_")] = int(
+                value.split("usec=")[1].split(",")[0])
         elif value.strip().lstrip("-").isdigit():
             out[name] = int(value)
     return out

@@ -63,6 +63,9 @@ def summarise(wrk: dict[str, Any], *, variant: str, stream: bool, connections: i
         reads = after.get("total_reads_processed", 0) - before.get("total_reads_processed", 0)
         scripts = sum(after.get(f"cmdstat_{n}", 0) - before.get(f"cmdstat_{n}", 0)
                       for n in ("evalsha", "eval"))
+        script_usec = sum(after.get(f"usec_{n}", 0) - before.get(f"usec_{n}", 0)
+                          for n in ("evalsha", "eval"))
+        point["redis_script_usec_per_request"] = round(script_usec / served, 2)
         point["redis_commands_per_request"] = round(commands / served, 3)
         point["redis_scripts_per_request"] = round(scripts / served, 3)
         point["redis_reads_per_request"] = round(max(reads - 1, 0) / served, 3)
@@ -128,10 +131,11 @@ def _f(value: Any, digits: int = 2) -> str:
 
 def _rows(points: list[dict[str, Any]]) -> list[str]:
     lines = ["| target | conns | req/s | vs direct | p50 ms | p99 ms | added p50 | added p99 "
-             "| CPU ms/req gw · up · redis | Redis scripts · cmds /req | Redis reads/req "
+             "| CPU ms/req gw · up · redis | Redis scripts · cmds /req | Redis µs/req in scripts "
+             "| Redis reads/req "
              "| waits/req before+after | settler flushes/batch | other CPU | canary ms "
              "| failed |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for p in points:
         cpu = p.get("cpu_ms_per_request", {})
         gw = p.get("gateway") or {}
@@ -146,6 +150,7 @@ def _rows(points: list[dict[str, Any]]) -> list[str]:
             f"| {_f(cpu.get('gateway'))} · {_f(cpu.get('upstream'))} · {_f(cpu.get('redis'))} "
             f"| {_f(p.get('redis_scripts_per_request'), 1)} · "
             f"{_f(p.get('redis_commands_per_request'), 1)} "
+            f"| {_f(p.get('redis_script_usec_per_request'), 1)} "
             f"| {_f(p.get('redis_reads_per_request'))} | {waits_text} "
             f"| {_f(gw.get('settler_flushes_per_batch'), 3)} | {_f(p.get('other_cpu_cores'))} "
             f"| {_f(p.get('canary_ms'), 1)} | {p['failed']} |")

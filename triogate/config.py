@@ -234,6 +234,9 @@ class TriogateSettings:
     upstream_max_connections: int = attrs.field(default=1000, validator=_positive)
     #: Most retries a request may ask for (body ``num_retries``, ``x-litellm-num-retries``).
     max_request_retries: int = attrs.field(default=5, validator=_non_negative)
+    #: Requests one worker serves at once; beyond, a request is answered 503 at once
+    #: (``Retry-After``) instead of queueing behind the others. 0: no limit.
+    max_in_flight: int = attrs.field(default=1000, validator=_non_negative)
 
 
 @attrs.frozen(kw_only=True)

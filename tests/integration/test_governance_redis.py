@@ -96,7 +96,12 @@ async def read(redis: RespBackend, *commands: tuple[object, ...]) -> list[object
 async def hash_ints(redis: RespBackend, key: str) -> dict[str, int]:
     (flat,) = await read(redis, ("HGETALL", key))
     assert isinstance(flat, list)
-    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    fields = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    if ":rl:" in key:  # a rate window: its buckets, once its summary is checked
+        total, low = fields.pop("t", None), fields.pop("o", None)
+        assert total is None or total == sum(fields.values())
+        assert low is None or all(int(b) >= low for b in fields)
+    return fields
 
 
 @asynccontextmanager

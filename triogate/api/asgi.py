@@ -32,11 +32,23 @@ _EXPOSED = ("x-request-id, retry-after, x-ratelimit-remaining-requests, "
             "x-ratelimit-limit-tokens, x-triogate-cache")
 
 
+#: Paths never refused for overload: probes and scrapes must answer when it matters most.
+_ALWAYS_SERVED = ("/health", "/metrics")
+
+
 class GatewayASGI:
-    """The gateway as an ASGI 3 application."""
+    """The gateway as an ASGI 3 application.
+
+    At most ``triogate.max_in_flight`` requests are served at once (per worker); one more
+    is refused at once with 503 and ``Retry-After`` in its API's error shape, so that the
+    admitted ones keep their latency instead of all queueing (:attr:`refused` counts them).
+    """
 
     def __init__(self, services: Services) -> None:
         self.services = services
+        self.max_in_flight = services.config.settings.max_in_flight
+        self.in_flight = 0
+        self.refused = 0
         self.routes = routes.table()
         self._paths: dict[str, list[str]] = {}
         for method, path in self.routes:
@@ -48,6 +60,21 @@ class GatewayASGI:
             return
         if scope["type"] != "http":
             return
+        limit = self.max_in_flight
+        if not limit or scope["path"].startswith(_ALWAYS_SERVED):
+            await self._serve(scope, receive, send)
+            return
+        if self.in_flight >= limit:
+            self.refused += 1
+            await _overloaded(scope["path"]).send(send, receive)
+            return
+        self.in_flight += 1
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _serve(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         client_id = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         request_id = client_id if _SANE_ID.match(client_id) else uuid.uuid4().hex
         token = request_id_var.set(request_id)
@@ -127,6 +154,14 @@ class GatewayASGI:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _overloaded(path: str) -> Response:
+    style = "anthropic" if path.endswith("/messages") else "openai"
+    error = ApiError(503, "the gateway is at its limit of requests in flight; retry shortly",
+                     "overloaded_error" if style == "anthropic" else "service_unavailable",
+                     code="overloaded", headers={"retry-after": "1"})
+    return _error_response(error, style)
 
 
 def _error_response(exc: ApiError, style: str) -> Response:

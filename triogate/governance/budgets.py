@@ -44,7 +44,7 @@ import trio
 from triogate.batch import BatchError, Script
 from triogate.governance.decisions import Allowed, Rejected, check_failed, is_refusal
 from triogate.governance.facts import principal_label
-from triogate.governance.keys import budget_keys, budget_marker
+from triogate.governance.keys import MARKER_SLICE_MS, budget_keys, budget_marker
 
 if TYPE_CHECKING:
     from triogate.batch import Batch, Handle, PostCallBatch
@@ -368,13 +368,14 @@ def settle(
                 SETTLE,
                 keys=(
                     *budget_keys(hold.kind, hold.id, hold.period).as_tuple(),
-                    budget_marker(hold.kind, hold.id, reservation.request_id),
+                    budget_marker(hold.kind, hold.id, now_ms),
                 ),
                 args=(
                     reservation.request_id,
                     actual_nanousd,
                     _ttl_ms(hold.period_end_ms, now_ms, reservation.retention_ms),
-                    reservation.marker_ttl_ms,
+                    # from the slice's first marker: every marker lives >= marker_ttl_ms
+                    reservation.marker_ttl_ms + MARKER_SLICE_MS,
                 ),
                 backend=reservation.backend,
                 owner=OWNER,

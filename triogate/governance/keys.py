@@ -10,12 +10,19 @@ Layout (``T`` = the principal's tag)::
     tg:T:bud:<period>            HASH  spend, reserved            (nano-USD)
     tg:T:bud:<period>:res        HASH  request id -> reserved     (nano-USD)
     tg:T:bud:<period>:exp        ZSET  request id -> lease expiry (epoch ms)
-    tg:T:bud:done:<request id>   STRING settlement marker (TTL)
+    tg:T:bud:done:<slice>        HASH  request id -> 1: settlement markers (TTL)
     tg:T:rl:rpm | rl:tpm         HASH  bucket (epoch s) -> requests | tokens
     tg:T:rl:rpm:m:<group>        HASH  the same, per model group
     tg:T:rl:tpm:m:<group>
     tg:T:rl:par                  ZSET  request id -> lease expiry (epoch ms)
-    tg:T:rl:done:<request id>    STRING settlement marker (TTL)
+    tg:T:rl:done:<slice>         HASH  request id -> 1: settlement markers (TTL)
+
+Settlement markers are fields of one HASH per principal per minute (``<slice>`` =
+epoch ms // :data:`MARKER_SLICE_MS` when the settlement was declared), not one key per
+request: a field costs a few dozen bytes where a key with a TTL costs well over a
+hundred, and Redis expires one hash per minute instead of one key per request. A minute,
+not an hour: expiring a hash frees all its fields at once, and a minute of one busy
+principal's markers frees in about a millisecond, an hour's would stall the server.
 
 Identity rows share ONE tag, ``{id}``, so a single MGET can fetch every missing row of
 a request (a key's bundle, its end user, its tags) even on Redis Cluster::
@@ -79,9 +86,14 @@ def budget_keys(kind: str, principal_id: str, period: int) -> BudgetKeys:
     return BudgetKeys(counters=base, holds=f"{base}:res", leases=f"{base}:exp")
 
 
-def budget_marker(kind: str, principal_id: str, request_id: str) -> str:
-    """The settlement marker of one request at one principal (same tag as its budget)."""
-    return f"{PREFIX}:{principal_tag(kind, principal_id)}:bud:done:{request_id}"
+#: Length of a settlement-marker slice (one HASH per principal per slice).
+MARKER_SLICE_MS = 60_000
+
+
+def budget_marker(kind: str, principal_id: str, now_ms: int) -> str:
+    """The HASH holding, as fields named by request id, the budget settlement markers of
+    a principal declared at ``now_ms`` (same tag as its budget)."""
+    return f"{PREFIX}:{principal_tag(kind, principal_id)}:bud:done:{now_ms // MARKER_SLICE_MS}"
 
 
 #: Rate windows: requests, tokens, parallel slots.
@@ -111,9 +123,10 @@ def rate_window_key(
     return f"{PREFIX}:{tag}:rl:{window}:m:{model_group}"
 
 
-def rate_marker(kind: str, principal_id: str, request_id: str) -> str:
-    """The settlement marker of one request at one principal's rate windows."""
-    return f"{PREFIX}:{principal_tag(kind, principal_id)}:rl:done:{request_id}"
+def rate_marker(kind: str, principal_id: str, now_ms: int) -> str:
+    """The HASH holding, as fields named by request id, the rate-window settlement
+    markers of a principal declared at ``now_ms``."""
+    return f"{PREFIX}:{principal_tag(kind, principal_id)}:rl:done:{now_ms // MARKER_SLICE_MS}"
 
 
 #: The hash tag of every identity row (one slot: one MGET fetches any mix of them).

@@ -37,7 +37,14 @@ import trio
 from triogate.batch import BatchError, Script
 from triogate.governance.decisions import Allowed, Rejected, check_failed, is_refusal
 from triogate.governance.facts import Window, principal_label
-from triogate.governance.keys import PARALLEL, RPM, TPM, rate_marker, rate_window_key
+from triogate.governance.keys import (
+    MARKER_SLICE_MS,
+    PARALLEL,
+    RPM,
+    TPM,
+    rate_marker,
+    rate_window_key,
+)
 from triogate.governance.local import BUCKET_MS
 
 if TYPE_CHECKING:
@@ -390,7 +397,7 @@ def settle(
                 SETTLE,
                 keys=[
                     *(w.key for w in entry.windows),
-                    rate_marker(entry.kind, entry.id, admission.request_id),
+                    rate_marker(entry.kind, entry.id, now_ms),
                 ],
                 args=[
                     admission.request_id,
@@ -399,7 +406,7 @@ def settle(
                     admission.estimate_tokens,
                     actual_tokens,
                     now_ms,
-                    admission.marker_ttl_ms,
+                    admission.marker_ttl_ms + MARKER_SLICE_MS,  # from the slice's first
                     *(w.code for w in entry.windows),
                 ],
                 backend=admission.backend,

@@ -4,15 +4,15 @@
 -- KEYS[1]  counters HASH of the reservation's period: fields `spend`, `reserved` (nano-USD)
 -- KEYS[2]  holds HASH of that period: request id -> reserved amount (nano-USD)
 -- KEYS[3]  leases ZSET of that period: request id -> lease expiry (epoch ms)
--- KEYS[4]  settlement marker STRING for this request at this principal
+-- KEYS[4]  settlement markers HASH of this principal's current slice: request id -> 1
 --          All four carry the principal's hash tag (governance/keys.py).
 -- ARGV[1]  request_id
 -- ARGV[2]  actual_nanousd   cost to charge (integer >= 0; 0 = nothing was charged)
 -- ARGV[3]  ttl_ms           TTL for KEYS[1..3] when written; 0 = none (lifetime budget)
--- ARGV[4]  marker_ttl_ms    how long the marker lives (> 0)
+-- ARGV[4]  marker_ttl_ms    how long the markers HASH lives from its first field (> 0)
 -- Returns  {applied (1, or 0 for a replay), released_nanousd, spend_nanousd}
 --
--- The marker is SET NX inside this script: a replay (journal, retry) changes nothing.
+-- The marker is HSETNX'd inside this script: a replay (journal, retry) changes nothing.
 -- A reservation already purged as expired (by budget_reserve) is simply absent: the
 -- actual cost is still charged, and `reserved` was already reduced by the purge.
 -- No time is needed (no ARGV now_ms, no TIME).
@@ -33,9 +33,10 @@ if not (actual and ttl_ms and marker_ttl_ms) or #ARGV ~= 4 then
 end
 local request_id = ARGV[1]
 
-if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', marker_ttl_ms) then
+if redis.call('HSETNX', KEYS[4], request_id, 1) == 0 then
   return {0, 0, tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0}
 end
+if redis.call('HLEN', KEYS[4]) == 1 then redis.call('PEXPIRE', KEYS[4], marker_ttl_ms) end
 
 local released = 0
 local amount = redis.call('HGET', KEYS[2], request_id)

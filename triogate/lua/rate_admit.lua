@@ -22,17 +22,18 @@
 -- Sliding window: 60 buckets of 1 s per window, summed over the buckets b with
 -- b > floor(now_ms / 1000) - 60 (buckets "from the future", written by a gateway whose clock
 -- runs ahead, count too). Why this shape: memory and work are bounded (at most 61 fields
--- per window, one HGETALL), every count is exact (atomic increments, no approximation
--- weights), and the only imprecision is the bucket edge: a request leaves the window between
--- 59 and 60 s after it was counted, never later. A burst within one second is counted
--- exactly, so processes sharing Redis admit exactly `limit` requests. A sliding log (ZSET
--- per request) would be exact to the ms but cannot hold token counts and grows with the
--- limit. Old buckets are deleted when a request is admitted (only then is anything written).
--- retry_after_ms: for 'r'/'t', the time until the oldest buckets have left the window far
--- enough for the request to pass; for 'p', 1000 (slots free when requests finish, which the
--- script cannot know).
--- Integers only.
-
+-- per window), every count is exact (atomic increments, no approximation weights), and the
+-- only imprecision is the bucket edge: a request leaves the window between 59 and 60 s after
+-- it was counted, never later. A burst within one second is counted exactly, so processes
+-- sharing Redis admit exactly `limit` requests. A sliding log (ZSET per request) would be
+-- exact to the ms but cannot hold token counts and grows with the limit.
+-- O(1) per check: besides its buckets, a window HASH keeps two fields, `t` = the sum of
+-- every bucket field in the hash, and `o` = a bucket index no bucket field is below. A
+-- check reads `t` and `o` (one HMGET) and subtracts the buckets in [o, oldest) (one HMGET
+-- of the seconds that passed since the last admission: amortised one bucket); only a
+-- window idle for over a minute, or written before `t` existed, is read whole (HGETALL)
+-- and rebuilt. Old buckets are deleted, and `t`/`o` moved on, when a request is admitted
+-- (only then is anything written); a rejection reads the buckets to compute the retry.
 local BUCKET_MS = 1000
 local BUCKETS = 60
 local WINDOW_TTL_MS = 120000
@@ -64,32 +65,66 @@ local request_id = ARGV[2]
 local current = math.floor(now_ms / BUCKET_MS)
 local oldest = current - BUCKETS + 1
 
--- Read every window: total in window, its buckets (ascending) and the fields to drop.
-local used, buckets, stale = {}, {}, {}
+-- Read every window: total in window (t after removing old buckets), the new `o`, and
+-- the fields to drop when admitted.
+local ROLL_MAX = 64
+local used, stale, origin = {}, {}, {}
 for i = 1, n do
   if kinds[i] == 'p' then
     used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', now_ms), '+inf')
   else
-    local flat = redis.call('HGETALL', KEYS[i])
-    local total, list, old = 0, {}, {}
-    for j = 1, #flat, 2 do
-      local b, c = tonumber(flat[j]), tonumber(flat[j + 1]) or 0
-      if b and b >= oldest then
-        total = total + c
-        list[#list + 1] = {b, c}
-      else
-        old[#old + 1] = flat[j]
+    local key = KEYS[i]
+    local head = redis.call('HMGET', key, 't', 'o')
+    local total, low = tonumber(head[1]), tonumber(head[2])
+    local old = {}
+    if total and low and oldest - low <= ROLL_MAX then
+      if low < oldest then
+        local fields = {}
+        for b = low, oldest - 1 do fields[#fields + 1] = b end
+        local counts = redis.call('HMGET', key, unpack(fields))
+        for j = 1, #fields do
+          local c = tonumber(counts[j])
+          if c then
+            total = total - c
+            old[#old + 1] = fields[j]
+          end
+        end
+        low = oldest
+      end
+    else  -- no summary yet (a new or pre-summary window), or idle for over a minute
+      local flat = redis.call('HGETALL', key)
+      total, low = 0, oldest
+      for j = 1, #flat, 2 do
+        local name = flat[j]
+        local b, c = tonumber(name), tonumber(flat[j + 1]) or 0
+        if b and b >= oldest then
+          total = total + c
+          if b < low then low = b end
+        elseif name ~= 't' and name ~= 'o' then
+          old[#old + 1] = name
+        end
       end
     end
-    table.sort(list, function(x, y) return x[1] < y[1] end)
-    used[i], buckets[i], stale[i] = total, list, old
+    used[i], stale[i], origin[i] = total, old, low
   end
+end
+
+-- The window's buckets in the window, ascending (only when a request is refused).
+local function buckets_of(i)
+  local flat = redis.call('HGETALL', KEYS[i])
+  local list = {}
+  for j = 1, #flat, 2 do
+    local b = tonumber(flat[j])
+    if b and b >= oldest then list[#list + 1] = {b, tonumber(flat[j + 1]) or 0} end
+  end
+  table.sort(list, function(x, y) return x[1] < y[1] end)
+  return list
 end
 
 -- When will `need` units have left window i?
 local function retry_after(i, need)
   local freed = 0
-  for _, bc in ipairs(buckets[i]) do
+  for _, bc in ipairs(buckets_of(i)) do
     freed = freed + bc[2]
     if freed >= need then return (bc[1] + BUCKETS) * BUCKET_MS - now_ms end
   end
@@ -131,9 +166,18 @@ for i = 1, n do
   else
     local add = 1
     if kinds[i] == 't' then add = estimate end
-    if add > 0 then redis.call('HINCRBY', key, current, add) end
     if #stale[i] > 0 then redis.call('HDEL', key, unpack(stale[i])) end
-    if add > 0 then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+    local low = origin[i]
+    if current < low then low = current end  -- a clock running behind
+    if add > 0 then
+      redis.call('HINCRBY', key, current, add)
+      redis.call('HSET', key, 't', used[i] + add, 'o', low)
+      redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+    elseif used[i] == 0 then
+      redis.call('DEL', key)  -- nothing left in the window
+    elseif #stale[i] > 0 or redis.call('EXISTS', key) == 1 then
+      redis.call('HSET', key, 't', used[i], 'o', low)
+    end
     result[3 + i] = math.max(limits[i] - used[i] - add, 0)
   end
 end

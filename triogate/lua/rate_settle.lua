@@ -1,7 +1,7 @@
 -- rate_settle.lua: settle one request at one principal's rate windows. Idempotent by request id.
 --
 -- KEYS[1..n] the principal's windows, as in rate_admit.lua ('r'/'t' HASH, 'p' ZSET)
--- KEYS[n+1]  settlement marker STRING for this request at this principal
+-- KEYS[n+1]  settlement markers HASH of this principal's current slice: request id -> 1
 --            All carry the principal's hash tag (governance/keys.py).
 -- ARGV[1]  request_id
 -- ARGV[2]  mode: 'a' admitted (the request ran, or was a cache hit): 't' bucket += actual -
@@ -14,7 +14,7 @@
 -- ARGV[4]  estimate_tokens   reserved at admission (integer >= 0)
 -- ARGV[5]  actual_tokens     used (integer >= 0)
 -- ARGV[6]  now_ms            epoch ms; time comes from ARGV, never from TIME
--- ARGV[7]  marker_ttl_ms     how long the marker lives (> 0)
+-- ARGV[7]  marker_ttl_ms     how long the markers HASH lives from its first field (> 0)
 -- ARGV[7+i] kind of window i: 'r', 't' or 'p'
 -- Returns  1 if applied, 0 for a replay (the marker was there: nothing changes)
 --
@@ -51,20 +51,37 @@ if not ok_args then
 end
 local request_id = ARGV[1]
 
-if not redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', marker_ttl_ms) then
+if redis.call('HSETNX', KEYS[n + 1], request_id, 1) == 0 then
   return 0
 end
+if redis.call('HLEN', KEYS[n + 1]) == 1 then redis.call('PEXPIRE', KEYS[n + 1], marker_ttl_ms) end
 
 local in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
 
+-- Keeps the window's summary (see rate_admit.lua): `t` moves with the bucket; a bucket
+-- below `o` has already been dropped from the window and is left alone.
 local function adjust(key, delta)
   if delta == 0 or not in_window then return end
-  local value = (tonumber(redis.call('HGET', key, bucket)) or 0) + delta
+  local state = redis.call('HMGET', key, bucket, 't', 'o')
+  local low = tonumber(state[3])
+  if low and bucket < low then return end
+  local before = tonumber(state[1]) or 0
+  local value = before + delta
+  local total = tonumber(state[2])
   if value > 0 then
-    redis.call('HSET', key, bucket, value)
+    if total then
+      redis.call('HSET', key, bucket, value, 't', total + delta)
+    else
+      redis.call('HSET', key, bucket, value)
+    end
     redis.call('PEXPIRE', key, WINDOW_TTL_MS)
   else
     redis.call('HDEL', key, bucket)
+    if total and total - before <= 0 then
+      redis.call('DEL', key)  -- no bucket left: no trace
+    elseif total then
+      redis.call('HSET', key, 't', total - before)
+    end
   end
 end
 

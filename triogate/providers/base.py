@@ -24,6 +24,7 @@ from triogate.errors import (
     ProviderTimeout,
 )
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
+from triogate.providers.transport import CONNECT_TIMEOUT_S, transport_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator, Mapping
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 Api = Literal["chat", "messages", "responses", "embeddings"]
 APIS: tuple[Api, ...] = ("chat", "messages", "responses", "embeddings")
 
-#: Seconds to wait for a TCP (and TLS) connection to an upstream.
-CONNECT_TIMEOUT_S = 10.0
 
 #: Request fields that mean something to the gateway only; never sent upstream.
 GATEWAY_ONLY_FIELDS = frozenset({"mock_response"})
@@ -226,16 +225,24 @@ async def post_json(
     Raises:
         ProviderTimeout, ProviderConnectError, ProviderStatusError, ProviderProtocolError.
     """
+    fast = transport_of(client)
     with map_exceptions(), trio.fail_after(timeout_s):
-        response = await client.post(
-            url,
-            content=orjson.dumps(body),
-            headers={"content-type": "application/json", **headers},
-            timeout=request_timeout(timeout_s),
-        )
-    if response.status_code >= 400:
-        raise upstream_status_error(response.status_code, response.content, headers)
-    return parse_json_object(response.content)
+        if fast is not None:  # the gateway's own client: skip httpx's client layers
+            status, content = await fast.post(
+                url, headers={"content-type": "application/json", **headers},
+                content=orjson.dumps(body), timeout_s=timeout_s,
+            )
+        else:
+            response = await client.post(
+                url,
+                content=orjson.dumps(body),
+                headers={"content-type": "application/json", **headers},
+                timeout=request_timeout(timeout_s),
+            )
+            status, content = response.status_code, response.content
+    if status >= 400:
+        raise upstream_status_error(status, content, headers)
+    return parse_json_object(content)
 
 
 # Upstream JSON of the wrong shape (a list where an object belongs, ...) fails inside the

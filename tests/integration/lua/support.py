@@ -31,6 +31,19 @@ async def hash_ints(redis: RespBackend, key: str) -> dict[str, int]:
     return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+async def window_buckets(redis: RespBackend, key: str) -> dict[str, int]:
+    """A rate window's buckets ``{epoch second: count}``, after checking its summary: the
+    field ``t`` equals the sum of every bucket, and no bucket is below the field ``o``
+    (rate_admit.lua keeps both; a window written by the tests' own state has neither)."""
+    fields = await hash_ints(redis, key)
+    total, low = fields.pop("t", None), fields.pop("o", None)
+    if total is not None:
+        assert total == sum(fields.values()), (key, total, fields)
+    if low is not None:
+        assert all(int(b) >= low for b in fields), (key, low, fields)
+    return fields
+
+
 async def zset(redis: RespBackend, key: str) -> dict[str, int]:
     """A ZSET as ``{member: score}``."""
     flat = await one(redis, "ZRANGE", key, 0, -1, "WITHSCORES")

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 K = budget_keys("key", "k1", 7)
-MARKER = budget_marker("key", "k1", "r1")
 NOW = 1_700_000_000_000
+MARKER = budget_marker("key", "k1", NOW)
 LEASE = 600_000
 
 
@@ -261,3 +261,19 @@ async def test_budget_settle_refuses_bad_arguments(redis: RespBackend, args: lis
         assert await one(redis, "EXISTS", MARKER) == 0
     assert isinstance(reply, CommandError)
     assert "budget_settle" in reply.reply
+
+
+async def test_markers_of_many_requests_are_fields_of_one_hash(redis: RespBackend) -> None:
+    keys = (*K.as_tuple(), MARKER)
+    with trio.fail_after(5):
+        for rid in ("a", "b", "c"):
+            assert (await run(redis, SETTLE, keys, [rid, 5, 0, 60_000]))[0] == 1  # type: ignore[index]
+        await one(redis, "PEXPIRE", MARKER, 50_000)  # a later marker must not extend it
+        assert (await run(redis, SETTLE, keys, ["d", 5, 0, 60_000]))[0] == 1  # type: ignore[index]
+        assert (await run(redis, SETTLE, keys, ["b", 5, 0, 60_000]))[0] == 0  # type: ignore[index]
+        fields = await one(redis, "HKEYS", MARKER)
+        ttl = await one(redis, "PTTL", MARKER)
+        spend = await hash_ints(redis, K.counters)
+    assert isinstance(fields, list) and sorted(fields) == [b"a", b"b", b"c", b"d"]
+    assert isinstance(ttl, int) and 0 < ttl <= 50_000
+    assert spend["spend"] == 20

@@ -19,7 +19,7 @@ from triogate.governance.rate_limits import ADMIT
 from triogate.governance.rate_limits import SETTLE as RATE_SETTLE
 
 from .models import LedgerModel, WindowModel
-from .support import hash_ints, one, run
+from .support import hash_ints, one, run, window_buckets
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +87,7 @@ def test_rate_scripts_match_the_sliding_window_model(
                     rid, bucket, estimate = counted.pop(int(op[1]) % len(counted))  # type: ignore[call-overload]
                     mode, actual = str(op[2]), int(op[3])  # type: ignore[call-overload]
                     args = [rid, mode, bucket, estimate, actual, now, 600_000, *kinds]
-                    marker = rate_marker("key", pid, rid)
+                    marker = rate_marker("key", pid, now)
                     reply = await run(redis, RATE_SETTLE, [*keys, marker], args)
                     assert reply == model.settle(rid, mode, bucket, estimate, actual, now) == 1
                     settled.append((marker, args))
@@ -102,7 +102,7 @@ def test_rate_scripts_match_the_sliding_window_model(
                         used = await one(redis, "ZCOUNT", key, f"({now}", "+inf")
                     else:
                         oldest = now // 1000 - 59
-                        fields = await hash_ints(redis, key)
+                        fields = await window_buckets(redis, key)
                         assert all(v > 0 for v in fields.values())
                         used = sum(v for b, v in fields.items() if int(b) >= oldest)
                     assert used == model.used(i, now), (op, i)
@@ -145,7 +145,7 @@ def test_budget_scripts_match_the_ledger_model(
         redis = RespBackend(redis_url, command_timeout_s=5.0)
         now = BASE_MS
         requests: list[tuple[str, int]] = []  # (request id, period), reserved or not
-        settled: list[tuple[str, int, int]] = []
+        settled: list[tuple[str, int, int, str]] = []
         periods: set[int] = set()
         with trio.fail_after(30):
             for n, op in enumerate(ops):
@@ -162,11 +162,12 @@ def test_budget_scripts_match_the_ledger_model(
                     if op[0] == "settle":
                         rid, period = requests.pop(int(op[1]) % len(requests))  # type: ignore[call-overload]
                         actual = int(op[2])  # type: ignore[call-overload]
-                        settled.append((rid, period, actual))
+                        # A replay resends the command as declared: the same marker key.
+                        marker = budget_marker("team", pid, now)
+                        settled.append((rid, period, actual, marker))
                     else:
-                        rid, period, actual = settled[int(op[1]) % len(settled)]  # type: ignore[call-overload]
-                    settle_keys = (*budget_keys("team", pid, period).as_tuple(),
-                                   budget_marker("team", pid, rid))
+                        rid, period, actual, marker = settled[int(op[1]) % len(settled)]  # type: ignore[call-overload]
+                    settle_keys = (*budget_keys("team", pid, period).as_tuple(), marker)
                     reply = await run(redis, BUDGET_SETTLE, settle_keys, [rid, actual, 0, 600_000])
                     assert reply == model.settle(rid, period, actual), op
                 elif op[0] == "advance":

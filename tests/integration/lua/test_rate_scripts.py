@@ -12,7 +12,7 @@ from triogate.batch import CommandError
 from triogate.governance.keys import PARALLEL, RPM, TPM, rate_marker, rate_window_key
 from triogate.governance.rate_limits import ADMIT, SETTLE
 
-from .support import hash_ints, load, one, run, zset
+from .support import load, one, run, window_buckets, zset
 
 if TYPE_CHECKING:
     from triogate.batch import RespBackend
@@ -23,8 +23,8 @@ R = rate_window_key("key", "k1", RPM)
 T = rate_window_key("key", "k1", TPM)
 P = rate_window_key("key", "k1", PARALLEL)
 MR = rate_window_key("key", "k1", RPM, "gpt-4o")
-MARKER = rate_marker("key", "k1", "r1")
 NOW = 1_700_000_000_500  # half-way through bucket CUR
+MARKER = rate_marker("key", "k1", NOW)
 CUR = NOW // 1000
 LEASE = 600_000
 
@@ -96,7 +96,7 @@ async def _snapshot(redis: RespBackend, keys: list[str]) -> dict[str, object]:
     for key in keys:
         kind = await one(redis, "TYPE", key)
         if kind == b"hash":
-            out[key] = {k: v for k, v in (await hash_ints(redis, key)).items()}
+            out[key] = await window_buckets(redis, key)
         elif kind == b"zset":
             out[key] = await zset(redis, key)
     return out

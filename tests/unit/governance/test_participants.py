@@ -10,7 +10,7 @@ from triogate.batch import Batch, CommandError, Settler, open_batch_scope, open_
 from triogate.batch.testing import FaultyBackend, RecordingBackend
 from triogate.governance import budgets, rate_limits
 from triogate.governance.decisions import Allowed, Rejected, first_rejected
-from triogate.governance.keys import budget_keys, principal_tag, rate_window_key
+from triogate.governance.keys import MARKER_SLICE_MS, budget_keys, principal_tag, rate_window_key
 from triogate.governance.local import LocalGovernance
 from triogate.governance.principals import Limits
 
@@ -302,7 +302,10 @@ async def test_settle_after_success_declares_one_idempotent_call_per_principal()
     calls = await settle_both(b, r, actual_nanousd=777, actual_tokens=80, admitted=True)
     assert [c[0] for c in calls] == ["budget_settle"] * 4 + ["rate_settle"] * 4
     for name, keys, args in calls:
-        assert keys[-1].endswith(":done:req-1")  # the marker, in the principal's tag
+        # the markers HASH of the settlement's minute, in the principal's tag (the request
+        # id is its field)
+        assert keys[-1].endswith(f":done:{(NOW_MS + 5_000) // MARKER_SLICE_MS}")
+        assert keys[-1].split("}")[0] == keys[0].split("}")[0]
         if name == "budget_settle":
             assert args[:2] == ["req-1", "777"]
         else:

@@ -446,12 +446,14 @@ async def test_native_usage_reaches_the_client_untouched() -> None:
 async def test_build_providers_owns_one_client_per_kind() -> None:
     from triogate.config import parse_config
     from triogate.providers import build_providers
+    from triogate.providers.transport import UpstreamTransport
 
     async with build_providers(parse_config({}), max_connections=50) as providers:
         assert set(providers) == {"openai", "anthropic", "mock"}
         clients = [providers[k]._client for k in ("openai", "anthropic")]
         assert clients[0] is not clients[1]
         assert all(not c.is_closed for c in clients)
-        pool = clients[0]._transport._pool
-        assert pool._max_connections == 50 and pool._max_keepalive_connections == 50
+        pool = clients[0]._transport
+        assert isinstance(pool, UpstreamTransport)
+        assert pool.max_connections == 50 and pool.max_keepalive_connections == 50
     assert all(c.is_closed for c in clients)

@@ -1,0 +1,175 @@
+"""UpstreamTransport against a real HTTP/1.1 server on loopback: framing, reuse, errors."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+
+from triogate.providers.transport import UpstreamTransport
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+pytestmark = pytest.mark.integration
+
+Reply = Callable[[bytes], list[bytes] | None]
+
+
+async def _serve(reply: Reply, stream: trio.SocketStream) -> None:
+    """Answer each request on the connection with ``reply(head)``'s pieces; None closes."""
+    buf = b""
+    async with stream:
+        while True:
+            while b"\r\n\r\n" not in buf:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+            while len(buf) < length:
+                buf += await stream.receive_some(65536)
+            buf = buf[length:]
+            pieces = reply(head)
+            if pieces is None:
+                return
+            for piece in pieces:
+                if piece == b"<pause>":
+                    await trio.sleep(0.5)
+                elif piece == b"<close>":
+                    return
+                else:
+                    await stream.send_all(piece)
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> AsyncIterator[Callable[[Reply], str]]:
+    async def start(reply: Reply) -> str:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, functools.partial(_serve, reply), 0,
+                              host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    yield start  # type: ignore[misc]
+
+
+def _client(**kw: int) -> tuple[httpx.AsyncClient, UpstreamTransport]:
+    transport = UpstreamTransport(
+        max_connections=kw.get("max_connections", 10), max_keepalive_connections=10,
+        keepalive_expiry_s=30,
+    )
+    return httpx.AsyncClient(transport=transport, timeout=5), transport
+
+
+def _fixed(body: bytes, extra: bytes = b"") -> list[bytes]:
+    return [b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n" % (len(body), extra), body]
+
+
+async def test_content_length_bodies_reuse_one_connection(server) -> None:  # type: ignore[no-untyped-def]
+    url = await server(lambda head: _fixed(b'{"ok":true}'))
+    client, transport = _client()
+    async with client:
+        for _ in range(5):
+            response = await client.post(url + "/v1/x", content=b'{"a":1}')
+            assert response.status_code == 200 and response.json() == {"ok": True}
+    assert transport.connections_opened == 1
+
+
+async def test_chunked_body_split_anywhere(server) -> None:  # type: ignore[no-untyped-def]
+    raw = b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\ntrailer: x\r\n\r\n"
+    pieces = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"]
+    pieces += [raw[i : i + 3] for i in range(0, len(raw), 3)]
+    url = await server(lambda head: pieces)
+    client, transport = _client()
+    async with client:
+        for _ in range(3):
+            async with client.stream("POST", url, content=b"x") as response:
+                assert b"".join([c async for c in response.aiter_raw()]) == b"hello world"
+    assert transport.connections_opened == 1
+
+
+async def test_body_to_the_end_of_the_connection(server) -> None:  # type: ignore[no-untyped-def]
+    url = await server(lambda head: [b"HTTP/1.0 200 OK\r\n\r\n", b"abc", b"def", b"<close>"])
+    client, transport = _client()
+    async with client:
+        assert (await client.get(url)).content == b"abcdef"
+        assert (await client.get(url)).content == b"abcdef"
+    assert transport.connections_opened == 2
+
+
+async def test_connection_close_and_stale_idle_connections_are_not_reused(server) -> None:  # type: ignore[no-untyped-def]
+    # The server closes every connection after its answer, without saying so first.
+    url = await server(lambda head: [*_fixed(b"one"), b"<close>"])
+    client, transport = _client()
+    async with client:
+        for _ in range(3):
+            assert (await client.get(url)).content == b"one"
+            await trio.sleep(0.05)  # the close arrives while the connection is idle
+        assert transport.idle_connections() <= 1
+    assert transport.connections_opened == 3
+
+
+async def test_an_unread_stream_drops_its_connection_and_frees_its_slot(server) -> None:  # type: ignore[no-untyped-def]
+    url = await server(lambda head: [b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345",
+                                     b"<pause>", b"67890"])
+    client, transport = _client(max_connections=1)
+    async with client:
+        for _ in range(3):  # with one slot, a leaked connection would block the next
+            with trio.fail_after(5):
+                async with client.stream("GET", url) as response:
+                    assert response.status_code == 200
+    assert transport.idle_connections() == 0
+    assert transport.connections_opened == 3
+
+
+async def test_errors_are_httpx_errors(server) -> None:  # type: ignore[no-untyped-def]
+    slow = await server(lambda head: [b"<pause>", *_fixed(b"late")])
+    gone = await server(lambda head: None)
+    partial = await server(lambda head: [b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
+                                         b"<close>"])
+    bad = await server(lambda head: [b"SMTP ready\r\n\r\n"])
+    client, transport = _client()
+    async with client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.get(slow, timeout=httpx.Timeout(5, read=0.1))
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.get(gone)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.get(partial)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.get(bad)
+        with pytest.raises(httpx.ConnectError):
+            await client.get("http://127.0.0.1:1/")
+        # After all that, every slot is free again.
+        assert transport._slots.value == transport.max_connections
+
+
+async def test_post_reads_the_whole_answer_and_asks_for_no_coding(server) -> None:  # type: ignore[no-untyped-def]
+    heads: list[bytes] = []
+
+    def reply(head: bytes) -> list[bytes]:
+        heads.append(head)
+        return [b"HTTP/1.1 429 Too Many\r\ntransfer-encoding: chunked\r\n\r\n",
+                b"4\r\nslow\r\n", b"5\r\n down\r\n0\r\n\r\n"]
+
+    url = await server(reply)
+    _, transport = _client()
+    for _ in range(2):
+        status, body = await transport.post(url + "/v1/chat", headers={"x-api-key": "k"},
+                                            content=b"{}", timeout_s=5)
+        assert (status, body) == (429, b"slow down")
+    assert transport.connections_opened == 1
+    assert b"accept-encoding: identity" in heads[0].lower()
+    assert b"content-length: 2" in heads[0].lower()
+    await transport.aclose()

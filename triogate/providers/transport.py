@@ -1,0 +1,443 @@
+"""A lean HTTP/1.1 transport for httpx: O(1) connection pool, no per-request pool scan.
+
+httpx's default transport (httpcore) walks its whole connection pool on every request
+and on every response close (``_assign_requests_to_connections``: ``is_idle``,
+``has_expired``, ``is_available`` on each connection, a poll per idle socket). With a
+thousand upstream connections in the pool that walk is most of a request's CPU, and it
+grows with concurrency: the gateway's throughput fell as connections were added. This
+transport keeps, per origin, a LIFO stack of idle connections: a request pops one (and
+checks only that one: expiry, and whether the server closed it), a finished response
+pushes it back. Parsing is the minimum HTTP/1.1 an upstream API needs: a status line,
+headers, and a body framed by ``Content-Length``, ``chunked`` or the connection's end.
+Content decoding (gzip, ...), redirects (off), auth and the request's shape stay httpx's.
+
+It sits *under* httpx's API (``httpx.AsyncClient(transport=UpstreamTransport(...))``), so
+callers, timeouts (``connect``, ``read``, ``write``, ``pool``) and exception classes are
+httpx's: ``ConnectError``, ``ConnectTimeout``, ``ReadError``, ``ReadTimeout``,
+``WriteError``, ``WriteTimeout``, ``PoolTimeout``, ``RemoteProtocolError``.
+"""
+
+from __future__ import annotations
+
+import ssl
+import weakref
+from typing import TYPE_CHECKING, final
+
+import httpx
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping
+
+_MAX_HEAD_BYTES = 64 * 1024
+_READ_SIZE = 65536
+_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+_NO_BODY_STATUS = frozenset((204, 304))
+
+Origin = tuple[bytes, bytes, int]
+
+#: Seconds a connection attempt may take at most.
+CONNECT_TIMEOUT_S = 10.0
+
+_TRANSPORTS: weakref.WeakKeyDictionary[httpx.AsyncClient, UpstreamTransport] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def transport_of(client: httpx.AsyncClient) -> UpstreamTransport | None:
+    """The :class:`UpstreamTransport` ``client`` was built on (:func:`register`), if any."""
+    return _TRANSPORTS.get(client)
+
+
+def register(client: httpx.AsyncClient, transport: UpstreamTransport) -> httpx.AsyncClient:
+    """Remember that ``client`` sends through ``transport`` (for the fast path)."""
+    _TRANSPORTS[client] = transport
+    return client
+
+
+@final
+class _Connection:
+    """One upstream connection and the bytes read from it but not consumed yet."""
+
+    __slots__ = ("buffer", "idle_since", "origin", "socket", "stream")
+
+    def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
+        self.origin = origin
+        self.stream = stream
+        self.socket = socket
+        self.buffer = bytearray()
+        self.idle_since = 0.0
+
+    async def receive(self, timeout_s: float | None, request: httpx.Request) -> bytes:
+        """Some bytes (b"" at the end of the stream), within ``timeout_s``."""
+        try:
+            with trio.fail_after(timeout_s if timeout_s is not None else float("inf")):
+                return bytes(await self.stream.receive_some(_READ_SIZE))
+        except trio.TooSlowError as exc:
+            raise httpx.ReadTimeout("upstream read timed out", request=request) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
+
+    async def close(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+def _parse_head(
+    head: bytes, request: httpx.Request
+) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool]:
+    """Status, reason, headers and whether the connection may be kept alive."""
+    lines = head.split(b"\r\n")
+    status_line = lines[0].split(b" ", 2)
+    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/1."):
+        raise httpx.RemoteProtocolError(f"bad status line {lines[0][:100]!r}", request=request)
+    try:
+        status = int(status_line[1])
+    except ValueError:
+        raise httpx.RemoteProtocolError(
+            f"bad status line {lines[0][:100]!r}", request=request
+        ) from None
+    headers = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise httpx.RemoteProtocolError(f"bad header line {line[:100]!r}", request=request)
+        headers.append((name, value.strip()))
+    reason = status_line[2] if len(status_line) > 2 else b""
+    keep = status_line[0] == b"HTTP/1.1"
+    for name, value in headers:
+        if name.lower() == b"connection":
+            tokens = {t.strip().lower() for t in value.split(b",")}
+            keep = b"close" not in tokens and (keep or b"keep-alive" in tokens)
+    return status, reason, headers, keep
+
+
+@final
+class _Body(httpx.AsyncByteStream):
+    """A response body read off its connection; hands the connection back at its end."""
+
+    def __init__(
+        self,
+        transport: UpstreamTransport,
+        conn: _Connection,
+        request: httpx.Request,
+        *,
+        length: int | None,
+        chunked: bool,
+        keep_alive: bool,
+        read_timeout: float | None,
+    ) -> None:
+        self._transport = transport
+        self._conn: _Connection | None = conn
+        self._request = request
+        self._length = length
+        self._chunked = chunked
+        self._keep_alive = keep_alive and (length is not None or chunked)
+        self._timeout = read_timeout
+        self._done = False
+
+    async def _more(self) -> bytes:
+        assert self._conn is not None
+        data = await self._conn.receive(self._timeout, self._request)
+        return data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        if conn is None:
+            raise httpx.StreamClosed()
+        buf = conn.buffer
+        if self._length is not None:
+            left = self._length
+            if buf:
+                piece = bytes(buf[:left])
+                del buf[:left]
+                left -= len(piece)
+                if piece:
+                    yield piece
+            while left > 0:
+                data = await self._more()
+                if not data:
+                    raise httpx.RemoteProtocolError(
+                        "upstream closed the connection mid-body", request=self._request
+                    )
+                if len(data) > left:
+                    buf += data[left:]
+                    data = data[:left]
+                left -= len(data)
+                yield data
+        elif self._chunked:
+            async for piece in self._chunks(conn):
+                yield piece
+        else:  # until the connection closes
+            if buf:
+                piece = bytes(buf)
+                buf.clear()
+                yield piece
+            while data := await self._more():
+                yield data
+        self._done = True
+        await self.aclose()
+
+    async def _line(self, conn: _Connection) -> bytes:
+        buf = conn.buffer
+        while (end := buf.find(b"\r\n")) < 0:
+            if len(buf) > _MAX_HEAD_BYTES:
+                raise httpx.RemoteProtocolError("chunk header too long", request=self._request)
+            data = await self._more()
+            if not data:
+                raise httpx.RemoteProtocolError(
+                    "upstream closed the connection mid-body", request=self._request
+                )
+            buf += data
+        line = bytes(buf[:end])
+        del buf[: end + 2]
+        return line
+
+    async def _chunks(self, conn: _Connection) -> AsyncIterator[bytes]:
+        buf = conn.buffer
+        while True:
+            size_line = await self._line(conn)
+            try:
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(
+                    f"bad chunk size {size_line[:40]!r}", request=self._request
+                ) from None
+            if size == 0:
+                while await self._line(conn):  # trailers, up to the empty line
+                    pass
+                return
+            while len(buf) < size + 2:
+                data = await self._more()
+                if not data:
+                    raise httpx.RemoteProtocolError(
+                        "upstream closed the connection mid-chunk", request=self._request
+                    )
+                buf += data
+            piece = bytes(buf[:size])
+            if buf[size : size + 2] != b"\r\n":
+                raise httpx.RemoteProtocolError("chunk without CRLF", request=self._request)
+            del buf[: size + 2]
+            yield piece
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        await self._transport._release(conn, reuse=self._done and self._keep_alive)
+
+
+@final
+class UpstreamTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over trio sockets (TLS for https), pooled per origin, for httpx.
+
+    Args:
+        max_connections: connections open at once (in use + idle), all origins; a request
+            beyond waits up to its ``pool`` timeout (``httpx.PoolTimeout``).
+        max_keepalive_connections: idle connections kept per origin.
+        keepalive_expiry_s: an idle connection older than this is closed, not reused.
+        ssl_context: for https (default: httpx's, which verifies with certifi).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        max_keepalive_connections: int,
+        keepalive_expiry_s: float,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.max_connections = max_connections
+        self.max_keepalive_connections = max_keepalive_connections
+        self._slots = trio.Semaphore(max_connections)
+        self._max_idle = max_keepalive_connections
+        self._expiry_s = keepalive_expiry_s
+        self._ssl_context = ssl_context
+        self._idle: dict[Origin, list[_Connection]] = {}
+        #: Connections opened so far (tests and benchmarks read it).
+        self.connections_opened = 0
+
+    def idle_connections(self) -> int:
+        """Idle connections in the pool, all origins."""
+        return sum(len(v) for v in self._idle.values())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout", {})
+        url = request.url
+        scheme = url.raw_scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise httpx.UnsupportedProtocol(f"unsupported scheme {scheme!r}", request=request)
+        origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
+        pool_timeout = timeouts.get("pool")
+        try:
+            with trio.fail_after(pool_timeout if pool_timeout is not None else float("inf")):
+                await self._slots.acquire()
+        except trio.TooSlowError as exc:
+            raise httpx.PoolTimeout("no upstream connection free", request=request) from exc
+        conn: _Connection | None = None
+        try:
+            conn = self._pop_idle(origin)
+            if conn is None:
+                conn = await self._connect(origin, request, timeouts.get("connect"))
+            return await self._exchange(conn, request, timeouts)
+        except BaseException:
+            if conn is not None:
+                await conn.close()
+            self._slots.release()
+            raise
+
+    def _pop_idle(self, origin: Origin) -> _Connection | None:
+        stack = self._idle.get(origin)
+        now = trio.current_time()
+        while stack:
+            conn = stack.pop()
+            # Readable while idle: the server closed it (or sent something unasked).
+            if now - conn.idle_since < self._expiry_s and not conn.socket.is_readable():
+                return conn
+            self._discard(conn)
+        return None
+
+    def _discard(self, conn: _Connection) -> None:
+        # Forceful close of an idle connection needs no await: close the socket itself.
+        conn.socket.close()
+
+    async def _connect(
+        self, origin: Origin, request: httpx.Request, timeout_s: float | None
+    ) -> _Connection:
+        scheme, host, port = origin
+        hostname = host.decode("ascii")
+        try:
+            with trio.fail_after(timeout_s if timeout_s is not None else float("inf")):
+                tcp = await trio.open_tcp_stream(hostname, port)
+                stream: trio.abc.Stream = tcp
+                if scheme == b"https":
+                    if self._ssl_context is None:
+                        self._ssl_context = httpx.create_ssl_context()
+                    tls = trio.SSLStream(
+                        tcp, self._ssl_context, server_hostname=hostname, https_compatible=True
+                    )
+                    try:
+                        await tls.do_handshake()
+                    except BaseException:
+                        await trio.aclose_forcefully(tcp)
+                        raise
+                    stream = tls
+        except trio.TooSlowError as exc:
+            raise httpx.ConnectTimeout(f"connecting to {hostname}:{port} timed out",
+                                       request=request) from exc
+        except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            raise httpx.ConnectError(f"cannot connect to {hostname}:{port}: {exc}",
+                                     request=request) from exc
+        self.connections_opened += 1
+        return _Connection(origin, stream, tcp.socket)
+
+    async def _exchange(
+        self, conn: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
+    ) -> httpx.Response:
+        url = request.url
+        target = url.raw_path
+        parts = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            parts += [name, b": ", value, b"\r\n"]
+        parts.append(b"\r\n")
+        if isinstance(request.stream, httpx.ByteStream):
+            content = request.content
+        else:
+            content = b"".join([chunk async for chunk in request.stream])  # type: ignore[union-attr]
+        parts.append(content)
+        write_timeout = timeouts.get("write")
+        try:
+            with trio.fail_after(write_timeout if write_timeout is not None else float("inf")):
+                await conn.stream.send_all(b"".join(parts))
+        except trio.TooSlowError as exc:
+            raise httpx.WriteTimeout("upstream write timed out", request=request) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise httpx.WriteError(f"upstream write failed: {exc!r}", request=request) from exc
+
+        read_timeout = timeouts.get("read")
+        buf = conn.buffer
+        while True:
+            while (end := buf.find(b"\r\n\r\n")) < 0:
+                if len(buf) > _MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError("response head too long", request=request)
+                data = await conn.receive(read_timeout, request)
+                if not data:
+                    raise httpx.RemoteProtocolError(
+                        "Server disconnected without sending a response.", request=request
+                    )
+                buf += data
+            head = bytes(buf[:end])
+            del buf[: end + 4]
+            status, reason, headers, keep_alive = _parse_head(head, request)
+            if not 100 <= status < 200 or status == 101:
+                break
+        length: int | None = None
+        chunked = False
+        for name, value in headers:
+            lname = name.lower()
+            if lname == b"transfer-encoding":
+                chunked = value.lower().split(b",")[-1].strip() == b"chunked"
+            elif lname == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise httpx.RemoteProtocolError(
+                        f"bad content-length {value[:40]!r}", request=request
+                    ) from None
+        if chunked:
+            length = None
+        if request.method == "HEAD" or status in _NO_BODY_STATUS:
+            length, chunked = 0, False
+        if request.headers.get("connection", "").lower() == "close":
+            keep_alive = False
+        body = _Body(self, conn, request, length=length, chunked=chunked,
+                     keep_alive=keep_alive, read_timeout=read_timeout)
+        return httpx.Response(
+            status,
+            headers=headers,
+            stream=body,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
+        )
+
+    async def _release(self, conn: _Connection, *, reuse: bool) -> None:
+        self._slots.release()
+        if reuse and not conn.buffer:
+            stack = self._idle.setdefault(conn.origin, [])
+            if len(stack) < self._max_idle:
+                conn.idle_since = trio.current_time()
+                stack.append(conn)
+                return
+        await conn.close()
+
+    async def post(
+        self, url: str, *, headers: Mapping[str, str], content: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """POST ``content`` and read the whole answer: ``(status, body)``.
+
+        The hot path of a non-streamed upstream call, without httpx's client layers
+        (request merging, auth and redirect flows, cookies, decoders): the request asks
+        for no content coding, so the body is as sent. ``timeout_s`` bounds connect
+        (at most :data:`CONNECT_TIMEOUT_S`) and each read and write. Same errors as
+        through httpx.
+        """
+        request = httpx.Request(
+            "POST", url, headers={**headers, "accept-encoding": "identity"}, content=content,
+            extensions={"timeout": {"connect": min(timeout_s, CONNECT_TIMEOUT_S),
+                                    "read": timeout_s, "write": timeout_s,
+                                    "pool": timeout_s}},
+        )
+        response = await self.handle_async_request(request)
+        body = response.stream
+        assert isinstance(body, _Body)
+        try:
+            chunks = [chunk async for chunk in body]
+        finally:
+            await body.aclose()
+        return response.status_code, b"".join(chunks)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, {}
+        for stack in idle.values():
+            for conn in stack:
+                await conn.close()
