@@ -8,6 +8,7 @@ import attrs
 
 from triogate.api import chat, embeddings, health, messages, responses
 from triogate.api.admin.routes import routes as admin_routes
+from triogate.ui.routes import routes as ui_routes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -43,4 +44,5 @@ def table() -> dict[tuple[str, str], Route]:
         routes[("GET", f"{prefix}/models")] = Route(health.models)
     for (method, path), handler in admin_routes().items():
         routes[(method, path)] = Route(handler)
+    routes.update({k: Route(handler) for k, handler in ui_routes().items()})  # the dashboard
     return routes
