@@ -7,6 +7,7 @@ Each bar carries a ``<title>`` (the browser shows it on hover) and the chart an
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from triogate.ui.html import Html, el
@@ -35,13 +36,24 @@ def nice_max(value: float) -> float:
     return 10 * power
 
 
-def _axis(top: float, fmt: Callable[[float], str]) -> list[Html]:
+def usd_axis(top: float) -> Callable[[float], str]:
+    """Dollar labels with as many decimals as the axis's step needs ($0.000025, $2.50)."""
+    step = top / 4
+    decimals = 2 if step >= 0.01 else min(9, 1 - math.floor(math.log10(step)))
+    return lambda v: f"${v:,.{decimals}f}"
+
+
+def usd_exact(value: float) -> str:
+    return f"${value:,.6f}" if value < 1 else f"${value:,.2f}"
+
+
+def _axis(top: float, fmt: Callable[[float], str], width: int = _W) -> list[Html]:
     parts: list[Html] = []
     plot_h = _H - _TOP - _BOTTOM
     for i in range(5):
         value = top * i / 4
         y = _TOP + plot_h - plot_h * i / 4
-        parts.append(el("line", x1=_LEFT, x2=_W - _RIGHT, y1=f"{y:.1f}", y2=f"{y:.1f}",
+        parts.append(el("line", x1=_LEFT, x2=width - _RIGHT, y1=f"{y:.1f}", y2=f"{y:.1f}",
                         stroke="#e3e7ec", stroke_width="1"))
         parts.append(el("text", fmt(value), x=_LEFT - 6, y=f"{y + 4:.1f}", text_anchor="end",
                         font_size="11", fill="#5b6670"))
@@ -53,12 +65,14 @@ def stacked_bars(
     series: Mapping[str, Sequence[float]],
     *,
     label: str,
-    fmt: Callable[[float], str],
     top_n: int = 7,
+    width: int = _W,
 ) -> Html:
     """One bar per column (a day), stacked by series (a key, a team...), with a legend.
 
-    Series beyond the ``top_n`` largest are summed into "other".
+    Values are USD. Series beyond the ``top_n`` largest are summed into "other".
+    ``width`` is the drawing's width in its own units: wider for a full-width panel, so
+    the text keeps its size.
     """
     if not columns or not series:
         return el("p", "No data for this period.", class_="empty")
@@ -72,11 +86,11 @@ def stacked_bars(
         colours.append(OTHER)
     totals = [sum(vals[i] for _, vals in shown) for i in range(len(columns))]
     top = nice_max(max(totals))
-    plot_w = _W - _LEFT - _RIGHT
+    plot_w = width - _LEFT - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
     slot = plot_w / len(columns)
     bar_w = max(2.0, min(48.0, slot * 0.7))
-    parts = _axis(top, fmt)
+    parts = _axis(top, usd_axis(top), width)
     for i, column in enumerate(columns):
         x = _LEFT + slot * i + (slot - bar_w) / 2
         y: float = _TOP + plot_h
@@ -85,7 +99,7 @@ def stacked_bars(
                 continue
             h = plot_h * vals[i] / top
             y -= h
-            parts.append(el("rect", el("title", f"{column} · {name}: {fmt(vals[i])}"),
+            parts.append(el("rect", el("title", f"{column} · {name}: {usd_exact(vals[i])}"),
                             x=f"{x:.1f}", y=f"{y:.1f}", width=f"{bar_w:.1f}",
                             height=f"{max(h, 0.5):.1f}", fill=colour))
         every = max(1, len(columns) // 10)
@@ -97,7 +111,7 @@ def stacked_bars(
                           el("span", name)) for (name, _), colour in zip(shown, colours,
                                                                          strict=True)],
                 class_="legend")
-    svg = el("svg", el("title", label), parts, viewBox=f"0 0 {_W} {_H}", role="img",
+    svg = el("svg", el("title", label), parts, viewBox=f"0 0 {width} {_H}", role="img",
              aria_label=label, class_="chart", preserveAspectRatio="xMidYMid meet")
     return el("figure", svg, legend, class_="chart-figure")
 
@@ -113,12 +127,14 @@ def histogram(buckets: Sequence[tuple[str, float]], *, label: str, colour: str =
     """Bars of counts per bucket (labels under the bars); ``highlight`` buckets in green."""
     if not buckets or not any(count for _, count in buckets):
         return el("p", "No requests yet.", class_="empty")
-    top = nice_max(max(count for _, count in buckets))
+    # Whole-number ticks: a step of 1, 2, 5, 10... and four of them.
+    step = max(1.0, nice_max(max(count for _, count in buckets) / 4))
+    top = 4 * (step if step == int(step) else math.ceil(step))
     plot_w = _W - _LEFT - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
     slot = plot_w / len(buckets)
     bar_w = slot * 0.75
-    parts = _axis(top, lambda v: f"{v:,.0f}" if v >= 10 or v == int(v) else f"{v:.1f}")
+    parts = _axis(top, lambda v: f"{v:,.0f}")
     for i, (name, count) in enumerate(buckets):
         x = _LEFT + slot * i + (slot - bar_w) / 2
         h = plot_h * count / top

@@ -61,7 +61,7 @@ def document(title: str, content: Html, *, refresh_s: int | None = None) -> Html
         el("head", el("meta", charset="utf-8"),
            el("meta", name="viewport", content="width=device-width, initial-scale=1"),
            el("title", f"{title} · triogate"),
-           el("link", rel="icon", href="data:,"),
+           raw('<link rel="icon" href="data:,">'),  # no favicon request
            el("link", rel="stylesheet", href="/ui/static/app.css"),
            el("script", src="/ui/static/app.js", defer=True)),
         el("body", content, data_refresh=refresh_s),

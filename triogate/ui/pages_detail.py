@@ -113,8 +113,7 @@ async def _spend(ctx: Ctx, kind: Kind, ident: str) -> tuple[Html, Html]:
     except StoreError:
         return el("p", "The database did not answer.", class_="empty"), Html("")
     chart = stacked_bars(days, reports.series(daily, days, lambda g: g or "-"),
-                         label=f"Spend per day by model, last {CHART_DAYS} days",
-                         fmt=lambda v: f"${v:,.4f}" if v < 1 else f"${v:,.2f}")
+                         label=f"Spend per day by model, last {CHART_DAYS} days", width=1120)
     link = el("a", f"All {total} requests in the spend log →",
               href=url("/ui/spend", **{kind.filter_field: ident}))
     rows = [(when(r.start_time_ms), r.model_group or "—", r.status,

@@ -113,8 +113,7 @@ async def _charts(ctx: Ctx, f: reports.LogFilter) -> Html:
         if group == "key":
             names = await _key_names(ctx, sorted({r[1] for r in rows if r[1]}))
         series = reports.series(rows, days, partial(_name, names))
-        chart = stacked_bars(days, series, label=f"Spend per day by {label.lower()}",
-                             fmt=lambda v: f"${v:,.4f}" if v < 1 else f"${v:,.2f}")
+        chart = stacked_bars(days, series, label=f"Spend per day by {label.lower()}")
         figures.append(section(f"By {label.lower()}", chart))
     return el("div", figures, class_="grid2")
 

@@ -26,10 +26,15 @@ if TYPE_CHECKING:
     from triogate.ui.context import Ctx
 
 REDACTED = "*** redacted ***"
-#: Field names whose values are secrets, wherever they appear.
-SECRET_NAME = re.compile(r"(key|secret|token|password|passwd|credential|auth)", re.I)
+#: Field names whose values are secrets, wherever they appear (``api_key``, ``password``).
+SECRET_NAME = re.compile(
+    r"((^|_)(key|token|auth)$)|secret|passw|credential|private", re.I)
 #: Names that match but hold no secret.
-NOT_SECRET = frozenset({"key_hash", "cache_key", "keys", "routing_key"})
+NOT_SECRET = re.compile(r"per_token|cache_key|key_hash|routing_key", re.I)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(SECRET_NAME.search(name)) and not NOT_SECRET.search(name)
 
 
 def _plain(value: Any, name: str, secrets: tuple[str, ...]) -> Any:
@@ -40,7 +45,7 @@ def _plain(value: Any, name: str, secrets: tuple[str, ...]) -> Any:
         return {str(k): _plain(v, str(k), secrets) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_plain(v, name, secrets) for v in value]
-    if value is not None and SECRET_NAME.search(name) and name not in NOT_SECRET:
+    if value is not None and is_secret_name(name):
         return REDACTED
     if isinstance(value, str):
         text = redact_url(value) if "://" in value else value
@@ -113,14 +118,17 @@ async def deployments(ctx: Ctx) -> Response:
             count, errors = served.get(fields.get("deployment", "-"), (0.0, 0.0))
             bad = value if fields.get("status", "2")[:1] in "45" else 0.0
             served[fields.get("deployment", "-")] = (count + value, errors + bad)
-    parts: list[Html] = []
-    headers = ("Deployment", "Upstream", "Health", "Cooldown", "In flight", "Latency",
-               "RPM used", "TPM used", "Load", "Served here")
+    headers = ("Model group", "Deployment", "Upstream", "Health", "Cooldown", "In flight",
+               "Latency", "RPM used", "TPM used", "Load", "Served here")
+    rows = []
     for state in states:
-        note = ("Redis did not answer: this process's own view." if state.degraded else None)
-        parts.append(section(state.group, table(
-            headers, [_state_row(s, now_ms, served) for s in state.deployments],
-            numeric=(4, 5)), note=note))
+        group = el("strong", state.group)
+        if state.degraded:
+            group = el("span", group, " ", badge("local view", "warn"),
+                       title="Redis did not answer: this process's own view")
+        for i, s in enumerate(state.deployments):
+            rows.append([group if i == 0 else "", *_state_row(s, now_ms, served)])
+    parts = [section("Deployments by model group", table(headers, rows, numeric=(5, 6)))]
     intro = el("p", f"Strategy: {services.router.strategy}. Usage, cooldowns and latency are "
                     "shared by every gateway process through Redis; “Served here” counts this "
                     "process's requests since it started.", class_="note")
