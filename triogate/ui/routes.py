@@ -80,6 +80,8 @@ class Dashboard:
                 return await _sign_in(ctx, cookies)
             return _sign_in_page(ctx, cookies)
         session = sess.read_session(secret, cookies, now_s=time.time())
+        if session is not None and await sess.is_revoked(services, session):
+            session = None
         principal = (await sess.principal_of(services, session.subject)
                      if session is not None else None)
         if session is None or principal is None:
@@ -97,6 +99,7 @@ class Dashboard:
             ctx = Ctx(services=services, request=request, secret=secret, sampler=self.sampler,
                       principal=principal, session=session, form=form)
             if path == "/ui/logout":
+                await sess.revoke(services, session, now_s=time.time())
                 return _sign_out(ctx)
         if path == "/ui" and not principal.can("read") and principal.can("self"):
             return ctx.redirect("/ui/mine")

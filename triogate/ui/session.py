@@ -8,9 +8,10 @@
 * The session is a cookie the gateway signs (HMAC-SHA256 with a secret derived from the
   master key, so every process and worker accepts it, and changing the master key signs
   everyone out). It holds the principal's subject (``master`` or the key's hash, never the
-  key), its role, an expiry and a nonce; it is re-checked on every page (a blocked or
-  deleted key's session stops at once). ``HttpOnly; SameSite=Strict; Path=/ui``, and
-  ``Secure`` when the request came over TLS.
+  key), an expiry and a nonce; it is re-checked on every page (a blocked or deleted key's
+  session stops at once). Signing out records the nonce in Redis until the session would
+  have expired, so a copy of the cookie stops working too. ``HttpOnly; SameSite=Strict;
+  Path=/ui``, and ``Secure`` when the request came over TLS.
 * CSRF: every form carries ``HMAC(secret, "csrf:" + nonce)``; a POST without the right
   token, or from another origin, is refused. The sign-in form has a token too, bound to a
   short-lived pre-session cookie (no login CSRF).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import secrets
 from typing import TYPE_CHECKING, Any, Literal, final
 
@@ -28,6 +30,7 @@ import attrs
 import orjson
 
 from triogate.api.auth import is_master
+from triogate.batch import BackendUnavailable
 from triogate.store import hash_key
 
 if TYPE_CHECKING:
@@ -35,7 +38,11 @@ if TYPE_CHECKING:
 
     from triogate.api.services import Services
 
+logger = logging.getLogger("triogate.ui")
+
 COOKIE = "triogate_ui"
+#: A signed-out session's nonce, until the session would have expired (every process sees it).
+REVOKED_KEY = "tg:ui:revoked:{nonce}"
 PRE_COOKIE = "triogate_ui_pre"
 SESSION_TTL_S = 8 * 3600
 PRE_TTL_S = 3600
@@ -230,3 +237,29 @@ def same_origin(headers: Mapping[str, str]) -> bool:
         return False
     rest = origin.split("://", 1)[-1]
     return rest.split("/", 1)[0] == host
+
+
+async def revoke(services: Services, session: Session, *, now_s: float) -> bool:
+    """Record that ``session`` signed out (until it would have expired). A checkpoint.
+
+    Returns False when Redis did not answer (the cookie is still cleared in the browser).
+    """
+    ttl_ms = max(1, int((session.expires_s - now_s) * 1000))
+    key = REVOKED_KEY.format(nonce=session.nonce)
+    try:
+        replies = await services.backends["counters"].execute([("SET", key, "1", "PX", ttl_ms)])
+    except BackendUnavailable as exc:
+        logger.warning("dashboard: sign-out not recorded (Redis unavailable: %s)", exc.reason)
+        return False
+    return not isinstance(replies[0], Exception)
+
+
+async def is_revoked(services: Services, session: Session) -> bool:
+    """Whether ``session`` signed out. Redis unreachable: not revoked (the signature and
+    expiry still hold; the dashboard stays usable to watch an incident). A checkpoint."""
+    key = REVOKED_KEY.format(nonce=session.nonce)
+    try:
+        replies = await services.backends["counters"].execute([("EXISTS", key)])
+    except BackendUnavailable:
+        return False
+    return replies[0] == 1

@@ -1,0 +1,160 @@
+"""The dashboard's session and CSRF rules over real HTTP (a running gateway, httpx).
+
+A form without its token, or posted from another origin, changes nothing; a forged or
+signed-out cookie opens nothing; every page carries the security headers.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import MASTER_KEY
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import Gateway
+
+pytestmark = pytest.mark.e2e
+
+_CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def token(html: str) -> str:
+    found = _CSRF.search(html)
+    assert found, "no CSRF token in the page"
+    return found.group(1)
+
+
+async def sign_in(client: httpx.AsyncClient, key: str = MASTER_KEY) -> httpx.Response:
+    page = await client.get("/ui/login")
+    return await client.post("/ui/login", data={"key": key, "csrf": token(page.text),
+                                                "next": "/ui/keys"})
+
+
+async def key_count(gateway: Gateway) -> int:
+    assert gateway.services.store is not None
+    return (await gateway.services.store.list_keys(page=1, size=10))[1]
+
+
+async def test_signed_out_pages_lead_to_the_sign_in_form(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await client.get("/ui/spend")
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=%2Fui%2Fspend"
+        r = await client.post("/ui/keys/new", data={"key_alias": "x"})
+        assert r.status_code == 403
+        assert await key_count(gateway) == 0
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await sign_in(client)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/keys"
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
+        assert "Secure" not in cookie and MASTER_KEY not in cookie
+        page = await client.get("/ui/keys")
+        assert page.status_code == 200
+        for header in ("content-security-policy", "x-frame-options", "x-content-type-options"):
+            assert header in page.headers
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert "<script>" not in page.text  # only <script src=...>, no inline script
+
+
+async def test_over_tls_the_cookie_is_secure(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url,
+                                 headers={"x-forwarded-proto": "https"}) as client:
+        r = await sign_in(client)
+        assert r.headers["set-cookie"].endswith("; Secure")
+
+
+async def test_a_wrong_key_or_a_stale_sign_in_form_is_refused(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await sign_in(client, "sk-not-the-master")
+        assert r.status_code == 401
+        assert "triogate_ui=" not in r.headers.get("set-cookie", "")
+        await client.get("/ui/login")
+        r = await client.post("/ui/login", data={"key": MASTER_KEY, "csrf": "forged"})
+        assert r.status_code == 403
+        assert "triogate_ui=" not in r.headers.get("set-cookie", "")
+
+
+async def test_forms_need_the_session_token_and_this_origin(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        form = await client.get("/ui/keys/new")
+        csrf = token(form.text)
+        r = await client.post("/ui/keys/new", data={"key_alias": "no-token"})
+        assert r.status_code == 403
+        r = await client.post("/ui/keys/new", data={"key_alias": "bad", "csrf": csrf + "x"})
+        assert r.status_code == 403
+        r = await client.post("/ui/keys/new", data={"key_alias": "evil", "csrf": csrf},
+                              headers={"origin": "http://evil.example"})
+        assert r.status_code == 403
+        assert await key_count(gateway) == 0
+        r = await client.post("/ui/keys/new", data={"key_alias": "ok", "csrf": csrf},
+                              headers={"origin": gateway.url})
+        assert r.status_code == 200 and 'id="new-key"' in r.text
+        assert await key_count(gateway) == 1
+        # Another session's token does not work in this one.
+        async with httpx.AsyncClient(base_url=gateway.url) as other:
+            await sign_in(other)
+            r = await other.post("/ui/keys/new", data={"key_alias": "x", "csrf": csrf})
+            assert r.status_code == 403
+        assert await key_count(gateway) == 1
+
+
+async def test_the_api_refusal_is_shown_and_changes_nothing(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        csrf = token((await client.get("/ui/keys/new")).text)
+        r = await client.post("/ui/keys/new", data={"csrf": csrf, "models": "no-such-model",
+                                                     "key_alias": "<b>x</b>"})
+        assert r.status_code == 400
+        assert "unknown model group" in r.text
+        assert 'value="&lt;b&gt;x&lt;/b&gt;"' in r.text  # the form keeps what was typed
+        assert await key_count(gateway) == 0
+
+
+async def test_a_forged_cookie_opens_nothing(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        value = client.cookies["triogate_ui"]
+    body, _, mac = value.partition(".")
+    for forged in (body + "." + mac[::-1], body[:-2] + "." + mac, value + "x"):
+        async with httpx.AsyncClient(base_url=gateway.url,
+                                     cookies={"triogate_ui": forged}) as other:
+            r = await other.get("/ui/keys")
+            assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+    async with httpx.AsyncClient(base_url=gateway.url, cookies={"triogate_ui": value}) as same:
+        assert (await same.get("/ui/keys")).status_code == 200  # the real one still works
+
+
+async def test_a_signed_out_cookie_stops_working(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        value = client.cookies["triogate_ui"]
+        csrf = token((await client.get("/ui")).text)
+        r = await client.post("/ui/logout", data={"csrf": csrf})
+        assert r.status_code == 303 and "Max-Age=0" in r.headers["set-cookie"]
+    async with httpx.AsyncClient(base_url=gateway.url) as replay:
+        replay.cookies.set("triogate_ui", value, path="/ui")
+        r = await replay.get("/ui/keys")
+        assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+
+
+async def test_a_virtual_key_sees_only_its_own_page(gateway: Gateway) -> None:
+    assert gateway.services.store is not None
+    raw, row = await gateway.services.store.create_key(key_alias="<i>mine</i>")
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await sign_in(client, raw)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/mine"
+        mine = await client.get("/ui/mine")
+        assert mine.status_code == 200 and "&lt;i&gt;mine&lt;/i&gt;" in mine.text
+        assert raw not in mine.text
+        for path in ("/ui/keys", "/ui/spend", "/ui/config", "/ui/spend.csv"):
+            assert (await client.get(path)).status_code == 403
+        r = await client.get("/ui")
+        assert r.status_code == 303 and r.headers["location"] == "/ui/mine"
