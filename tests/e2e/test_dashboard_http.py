@@ -6,15 +6,23 @@ signed-out cookie opens nothing; every page carries the security headers.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+import trio
+import yaml
 
 from tests.e2e.conftest import MASTER_KEY
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tests.e2e.conftest import Gateway
 
 pytestmark = pytest.mark.e2e
@@ -147,7 +155,7 @@ async def test_a_signed_out_cookie_stops_working(gateway: Gateway) -> None:
 
 async def test_a_virtual_key_sees_only_its_own_page(gateway: Gateway) -> None:
     assert gateway.services.store is not None
-    raw, row = await gateway.services.store.create_key(key_alias="<i>mine</i>")
+    raw, _ = await gateway.services.store.create_key(key_alias="<i>mine</i>")
     async with httpx.AsyncClient(base_url=gateway.url) as client:
         r = await sign_in(client, raw)
         assert r.status_code == 303 and r.headers["location"] == "/ui/mine"
@@ -158,3 +166,52 @@ async def test_a_virtual_key_sees_only_its_own_page(gateway: Gateway) -> None:
             assert (await client.get(path)).status_code == 403
         r = await client.get("/ui")
         assert r.status_code == 303 and r.headers["location"] == "/ui/mine"
+
+
+async def test_the_overview_lists_every_worker(tmp_path: Path) -> None:
+    """`serve --workers 2`: each worker reports when it serves the overview; both appear."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_list": [{"model_name": "m", "litellm_params": {"model": "mock/m"}}],
+        "general_settings": {"master_key": MASTER_KEY},
+        "triogate": {"state_dir": str(tmp_path / "state")},
+    }))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIOGATE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "triogate", "serve", "--config", str(config), "--port", "0",
+         "--workers", "2"], stderr=subprocess.PIPE, env=env)
+    assert process.stderr is not None
+    try:
+        def ready() -> tuple[int, set[str]]:
+            port, pids = 0, set()
+            for line in process.stderr:  # type: ignore[union-attr]
+                if found := re.search(rb'"port": ?(\d+)', line):
+                    port = int(found.group(1))
+                if b"gateway ready" in line and (pid := re.search(rb'"pid": ?(\d+)', line)):
+                    pids.add(pid.group(1).decode())
+                if port and len(pids) == 2:
+                    return port, pids
+            raise AssertionError("the supervisor exited early")
+
+        with trio.fail_after(60):
+            port, pids = await trio.to_thread.run_sync(ready)
+            url = f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(base_url=url) as client:
+                await sign_in(client)
+                cookie = client.cookies["triogate_ui"]
+            shown: set[str] = set()
+            while len(shown) < 2:  # new connections: the kernel spreads them
+                async with httpx.AsyncClient(base_url=url,
+                                             cookies={"triogate_ui": cookie}) as fresh:
+                    page = await fresh.get("/ui")
+                    assert page.status_code == 200
+                    shown = set(re.findall(r"pid (\d+)", page.text))
+                await trio.sleep(0.05)
+            assert shown == pids
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await trio.to_thread.run_sync(process.wait, 20)
+        finally:
+            if process.poll() is None:
+                process.kill()

@@ -63,17 +63,24 @@ async def overview(ctx: Ctx) -> Response:
              "model call and once after (green bars); an established gateway waits 8 to 22 "
              "times.")
     degraded_rows = [(check, number(count)) for check, count in sorted(figures.degraded.items())]
+    workers = await stats.share_workers(services, figures, now_ms)
     queues = table(
-        ("Process", "Settler queue", "Journal backlog", "Spend-log queue", "Degraded decisions"),
-        [(f"pid {figures.pid}", number(figures.settler_queue), number(figures.journal_pending),
-          number(figures.spend_log_queue), number(sum(figures.degraded.values())))],
-        numeric=(1, 2, 3, 4))
+        ("Process", "Requests / s", "Error rate", "p50", "p99", "Settler queue",
+         "Journal backlog", "Spend-log queue", "Degraded decisions"),
+        [(f"pid {w.get('pid')}" + (" (this page)" if w.get("pid") == figures.pid else ""),
+          number(w.get("rps"), 2),
+          "—" if w.get("errors") is None else f"{w['errors']:.1%}",
+          _ms(w.get("p50_s")), _ms(w.get("p99_s")), number(w.get("settler")),
+          number(w.get("journal")), number(w.get("spend_log")), number(w.get("degraded")))
+         for w in workers],
+        numeric=(1, 2, 3, 4, 5, 6, 7, 8))
     accounting = section(
         "Accounting and degradation", queues,
         table(("Check", "Decisions without Redis"), degraded_rows,
               empty="No decision was taken without Redis.", numeric=(1,)),
-        note="Post-call batches waiting for Redis, journal entries awaiting replay, spend-log "
-             "rows waiting for SQL. Figures of the process that served this page; with "
-             "several workers each shows its own (reload to meet another).")
+        note="Per gateway process: post-call batches waiting for Redis, journal entries "
+             "awaiting replay, spend-log rows waiting for SQL. Each process reports when it "
+             "serves this page (the page refreshes itself), so with several workers every "
+             "one appears within a few refreshes; rows older than a minute are dropped.")
     content = Html(cards + waits + accounting)
     return ctx.page("Overview", content, active="overview", refresh_s=REFRESH_S)

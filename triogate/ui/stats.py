@@ -9,10 +9,14 @@ requests in between.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
+import orjson
+
+from triogate.batch import BackendUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -164,3 +168,52 @@ def overview(services: Services, sampler: Sampler, now_s: float) -> Overview:
         spend_log_queue=spend_logs,
         redis_ok=services.health.redis_ok,
     )
+
+
+#: Each process's latest overview figures, by pid, for the per-worker table.
+WORKERS_KEY = "tg:ui:workers"
+WORKER_TTL_MS = 60_000
+
+
+def worker_row(o: Overview, now_ms: int) -> dict[str, float | int | None]:
+    return {"pid": o.pid, "at_ms": now_ms, "rps": o.requests_per_s, "errors": o.error_rate,
+            "p50_s": o.p50_s, "p99_s": o.p99_s, "settler": o.settler_queue,
+            "journal": o.journal_pending, "spend_log": o.spend_log_queue,
+            "degraded": sum(o.degraded.values())}
+
+
+async def share_workers(services: Services, o: Overview, now_ms: int
+                        ) -> list[dict[str, Any]]:
+    """Publish this process's figures and read every process's (one Redis round trip).
+
+    Workers publish when they serve the overview (it refreshes itself, and the kernel
+    spreads the refreshes over the workers), so rows are at most a minute old; older ones
+    are dropped. Redis unreachable: this process's row alone.
+    """
+    mine = worker_row(o, now_ms)
+    try:
+        replies = await services.backends["counters"].execute([
+            ("HSET", WORKERS_KEY, str(o.pid), orjson.dumps(mine)),
+            ("PEXPIRE", WORKERS_KEY, WORKER_TTL_MS * 2),
+            ("HGETALL", WORKERS_KEY),
+        ])
+    except BackendUnavailable:
+        return [mine]
+    found = replies[2]
+    if not isinstance(found, list):
+        return [mine]
+    rows: list[dict[str, Any]] = []
+    stale: list[bytes] = []
+    for field, value in zip(found[::2], found[1::2], strict=True):
+        try:
+            row = orjson.loads(value)
+        except (orjson.JSONDecodeError, TypeError):
+            continue
+        if not isinstance(row, dict) or now_ms - int(row.get("at_ms", 0)) > WORKER_TTL_MS:
+            stale.append(field)
+            continue
+        rows.append(row)
+    if stale:
+        with contextlib.suppress(BackendUnavailable):
+            await services.backends["counters"].execute([("HDEL", WORKERS_KEY, *stale)])
+    return sorted(rows, key=lambda r: int(r.get("pid", 0)))
