@@ -115,11 +115,20 @@ def flow(page: Any, base: str, seen: dict[str, Any]) -> None:
     assert MASTER_KEY not in cookie["value"]
     page.goto(f"{base}/ui")  # the overview's first snapshot: later visits show rates
 
-    # Create a key with a budget; the raw key is shown once.
+    # A team, then a key of that team with a budget; the raw key is shown once.
+    page.goto(f"{base}/ui/teams/new")
+    assert unlabelled_inputs(page) == []
+    page.fill("#f-team_id", "payments")
+    page.fill("#f-team_alias", "Payments")
+    page.fill("#f-max_budget", "100")
+    page.fill("#f-budget_duration", "30d")
+    page.click("button:has-text('Create team')")
+    page.wait_for_url(re.compile(r".*/ui/teams/view\?id=payments"))
     page.goto(f"{base}/ui/keys/new")
     assert unlabelled_inputs(page) == []
     assert tab_reaches(page, "Create key")
     page.fill("#f-key_alias", "checkout-service")
+    page.fill("#f-team_id", "payments")
     page.fill("#f-max_budget", "5")
     page.fill("#f-budget_duration", "1d")
     page.fill("#f-rpm_limit", "60")
@@ -195,6 +204,10 @@ def flow(page: Any, base: str, seen: dict[str, Any]) -> None:
             return True
         return False
     poll(refused, what="the API to refuse the blocked key")
+
+    page.goto(f"{base}/ui/teams/view?id=payments")
+    assert "checkout-service" in page.inner_text("main")  # its keys
+    shot(page, "team-detail")
 
     # The other pages render, and the configuration holds no secret.
     page.goto(f"{base}/ui")

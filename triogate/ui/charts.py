@@ -39,7 +39,10 @@ def nice_max(value: float) -> float:
 def usd_axis(top: float) -> Callable[[float], str]:
     """Dollar labels with as many decimals as the axis's step needs ($0.000025, $2.50)."""
     step = top / 4
-    decimals = 2 if step >= 0.01 else min(9, 1 - math.floor(math.log10(step)))
+    decimals = 0
+    while decimals < 9 and abs(round(step, decimals) - step) > step * 1e-9:
+        decimals += 1
+    decimals = max(2, decimals)
     return lambda v: f"${v:,.{decimals}f}"
 
 
@@ -85,7 +88,7 @@ def stacked_bars(
     if len(shown) > top_n:
         colours.append(OTHER)
     totals = [sum(vals[i] for _, vals in shown) for i in range(len(columns))]
-    top = nice_max(max(totals))
+    top = 4 * nice_max(max(totals) / 4)  # four round steps
     plot_w = width - _LEFT - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
     slot = plot_w / len(columns)

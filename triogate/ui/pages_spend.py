@@ -107,15 +107,16 @@ async def _charts(ctx: Ctx, f: reports.LogFilter) -> Html:
     n = min(366, max(1, (end_ms - start_ms) // reports.MS_PER_DAY + 1))
     days = reports.day_range(end_ms, int(n))
     figures = []
-    for group, label in CHARTS:
+    for i, (group, label) in enumerate(CHARTS):
         rows = await reports.daily(ctx.services.store, f, group_by=group)
         names: dict[str, str] = {}
         if group == "key":
             names = await _key_names(ctx, sorted({r[1] for r in rows if r[1]}))
         series = reports.series(rows, days, partial(_name, names))
-        chart = stacked_bars(days, series, label=f"Spend per day by {label.lower()}")
+        chart = stacked_bars(days, series, label=f"Spend per day by {label.lower()}",
+                             width=1120 if i == 0 else 720)
         figures.append(section(f"By {label.lower()}", chart))
-    return el("div", figures, class_="grid2")
+    return Html(figures[0] + el("div", figures[1:], class_="grid2"))
 
 
 def _log_row(r: SpendLogRow) -> list[Any]:

@@ -94,6 +94,7 @@ def test_axis_maxima_are_round_and_cover_the_data() -> None:
     for value, top in ((0.7, 1), (3, 5), (7, 10), (12, 20), (0.00013, 0.0002), (240, 250)):
         assert nice_max(value) == pytest.approx(top)
     assert usd_axis(0.0001)(0.000025) == "$0.000025"
+    assert usd_axis(0.00005)(0.0000125) == "$0.0000125"
     assert usd_axis(40)(10) == "$10.00"
 
 
