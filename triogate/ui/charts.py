@@ -36,6 +36,11 @@ def nice_max(value: float) -> float:
     return 10 * power
 
 
+def _font(width: int) -> str:
+    # Text keeps its size on the page whether the drawing is narrow or wide.
+    return "11" if width > 900 else "13"
+
+
 def usd_axis(top: float) -> Callable[[float], str]:
     """Dollar labels with as many decimals as the axis's step needs ($0.000025, $2.50)."""
     step = top / 4
@@ -59,7 +64,7 @@ def _axis(top: float, fmt: Callable[[float], str], width: int = _W) -> list[Html
         parts.append(el("line", x1=_LEFT, x2=width - _RIGHT, y1=f"{y:.1f}", y2=f"{y:.1f}",
                         stroke="#e3e7ec", stroke_width="1"))
         parts.append(el("text", fmt(value), x=_LEFT - 6, y=f"{y + 4:.1f}", text_anchor="end",
-                        font_size="11", fill="#5b6670"))
+                        font_size=_font(width), fill="#5b6670"))
     return parts
 
 
@@ -109,7 +114,7 @@ def stacked_bars(
         if i % every == 0 or i == len(columns) - 1:
             parts.append(el("text", column[5:] if len(column) == 10 else column,
                             x=f"{x + bar_w / 2:.1f}", y=_H - _BOTTOM + 16, text_anchor="middle",
-                            font_size="11", fill="#5b6670"))
+                            font_size=_font(width), fill="#5b6670"))
     legend = el("ul", [el("li", _swatch(colour),
                           el("span", name)) for (name, _), colour in zip(shown, colours,
                                                                          strict=True)],
@@ -146,6 +151,6 @@ def histogram(buckets: Sequence[tuple[str, float]], *, label: str, colour: str =
                         y=f"{_TOP + plot_h - h:.1f}", width=f"{bar_w:.1f}",
                         height=f"{max(h, 0.5 if count else 0):.1f}", fill=fill))
         parts.append(el("text", name, x=f"{x + bar_w / 2:.1f}", y=_H - _BOTTOM + 16,
-                        text_anchor="middle", font_size="11", fill="#5b6670"))
+                        text_anchor="middle", font_size=_font(_W), fill="#5b6670"))
     return el("svg", el("title", label), parts, viewBox=f"0 0 {_W} {_H}", role="img",
               aria_label=label, class_="chart")

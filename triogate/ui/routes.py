@@ -162,6 +162,10 @@ def _sign_in_page(ctx: Ctx, cookies: dict[str, str], *, status: int = 200,
     value, token = sess.new_pre_session(ctx.secret, now_s=time.time())
     next_path = _next(ctx.form.get("next") or ctx.query.get("next", "/ui"))
     messages = [el("div", f.text, class_=f"flash {f.kind}", role="status") for f in ctx.flashes]
+    if ctx.services.config.master_key is None:
+        messages.append(el("div", "This gateway has no master key, so only virtual keys can "
+                           "sign in, read-only. Set general_settings.master_key to manage it "
+                           "here.", class_="flash info", role="status"))
     if ctx.query.get("signed_out") == "1":
         messages.append(el("div", "You are signed out.", class_="flash ok", role="status"))
     if error:
