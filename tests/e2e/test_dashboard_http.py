@@ -272,3 +272,25 @@ async def gateway_info(gateway: Gateway, kind: str, ident: str) -> dict[str, obj
     assert r.status_code == 200, r.text
     body = r.json()
     return body.get("team_info") or body.get("user_info") or body  # type: ignore[no-any-return]
+
+
+async def test_a_key_page_shows_its_enforced_windows(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        csrf = token((await client.get("/ui/keys/new")).text)
+        r = await client.post("/ui/keys/new", data={
+            "csrf": csrf, "key_alias": "limited", "rpm_limit": "10", "tpm_limit": "100000",
+            "max_parallel_requests": "4"})
+        raw = re.search(r'id="new-key">([^<]+)<', r.text)
+        assert raw is not None
+        for _ in range(2):
+            chat = await client.post("/v1/chat/completions", json={
+                "model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": f"Bearer {raw.group(1)}"})
+            assert chat.status_code == 200
+        keys = await client.get("/ui/keys", params={"q": "limited"})
+        view = re.search(r'href="(/ui/keys/view\?id=[0-9a-f]+)"', keys.text)
+        assert view is not None
+        page = (await client.get(view.group(1))).text
+        assert "2 of 10" in page and "the enforced window" in page
+        assert "0 of 4" in page and "in flight now" in page

@@ -24,6 +24,7 @@ from triogate.ui.html import (
     when,
 )
 from triogate.ui.layout import section
+from triogate.ui.limits import live_use
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -87,15 +88,24 @@ async def _use(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Html
         f"resets {str(row['budget_reset_at'])[:19].replace('T', ' ')}"
         if row.get("budget_reset_at") else "",
     ]]
-    for label, used, cap_name in (("Requests per minute", minute[0] if minute else None,
-                                   "rpm_limit"),
-                                  ("Tokens per minute", minute[1] if minute else None,
-                                   "tpm_limit")):
+    live = await live_use(ctx.services, kind.name, ident)
+    for label, enforced, logged, cap_name in (
+        ("Requests per minute", live.rpm, minute[0] if minute else None, "rpm_limit"),
+        ("Tokens per minute", live.tpm, minute[1] if minute else None, "tpm_limit"),
+    ):
         cap_v = row.get(cap_name)
-        rows.append([label, meter(used, cap_v, f"{number(used)} of {limit(cap_v)}"),
-                     "last 60 s, from the spend logs"])
+        # With a limit, the window the gateway enforces; without, what the logs say.
+        used: int | None
+        if cap_v is not None and enforced is not None:
+            used, source = enforced, "last 60 s, the enforced window"
+        else:
+            used, source = logged, "last 60 s, from the spend logs"
+        rows.append([label, meter(used, cap_v, f"{number(used)} of {limit(cap_v)}"), source])
     if "max_parallel_requests" in row:
-        rows.append(["Parallel requests", limit(row.get("max_parallel_requests")), ""])
+        cap_p = row.get("max_parallel_requests")
+        now = live.parallel if cap_p is not None else None
+        rows.append(["Parallel requests", meter(now, cap_p, f"{number(now)} of {limit(cap_p)}"),
+                     "in flight now" if cap_p is not None else ""])
     return table(("Limit", "Current use", ""), rows)
 
 

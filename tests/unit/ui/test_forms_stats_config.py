@@ -9,6 +9,7 @@ import yaml
 
 from triogate.config import parse_config
 from triogate.ui import forms
+from triogate.ui.limits import window_sum
 from triogate.ui.pages_system import REDACTED, is_secret_name, redacted
 from triogate.ui.stats import Sampler, diff, per_bucket, quantile
 
@@ -117,3 +118,13 @@ def test_the_configuration_page_redacts_every_secret() -> None:
 ])
 def test_secret_field_names(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
+
+
+def test_rate_windows_sum_the_last_sixty_one_second_buckets() -> None:
+    now_ms = 1_000_000_500
+    second = now_ms // 1000
+    reply = [str(second).encode(), b"3", str(second - 59).encode(), b"2",
+             str(second - 60).encode(), b"100", b"junk", b"1", str(second + 1).encode(), b"4"]
+    assert window_sum(reply, now_ms) == 9  # the bucket 60 s old has left; a future one counts
+    assert window_sum([], now_ms) == 0
+    assert window_sum(None, now_ms) is None
