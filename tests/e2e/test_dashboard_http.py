@@ -294,3 +294,11 @@ async def test_a_key_page_shows_its_enforced_windows(gateway: Gateway) -> None:
         page = (await client.get(view.group(1))).text
         assert "2 of 10" in page and "the enforced window" in page
         assert "0 of 4" in page and "in flight now" in page
+
+
+async def test_sign_in_attempts_are_limited(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        statuses = [(await sign_in(client, f"sk-guess-{i}")).status_code for i in range(11)]
+        assert statuses == [401] * 10 + [429]
+        # Even the right key waits out the minute.
+        assert (await sign_in(client)).status_code == 429

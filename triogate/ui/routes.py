@@ -193,6 +193,10 @@ async def _sign_in(ctx: Ctx, cookies: dict[str, str]) -> Response:
             or not sess.csrf_ok(ctx.secret, nonce, form.get("csrf"))):
         return _sign_in_page(ctx, cookies, status=403,
                              error="The sign-in form expired. Please try again.")
+    client = str((ctx.request.scope.get("client") or ("-",))[0])
+    if await sess.sign_in_blocked(ctx.services, client):
+        return _sign_in_page(ctx, cookies, status=429,
+                             error="Too many failed attempts: wait a minute and try again.")
     try:
         principal = await sess.ui_principal(ctx.services, form.get("key", ""))
     except StoreError:
@@ -200,6 +204,7 @@ async def _sign_in(ctx: Ctx, cookies: dict[str, str]) -> Response:
                              error="The database did not answer; try again shortly.")
     if principal is None:
         logger.info("dashboard: sign-in refused")
+        await sess.note_failed_sign_in(ctx.services, client)
         return _sign_in_page(ctx, cookies, status=401,
                              error="That key cannot sign in (unknown, blocked or expired).")
     _, value = sess.new_session(ctx.secret, principal, now_s=time.time())

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -263,3 +264,33 @@ async def is_revoked(services: Services, session: Session) -> bool:
     except BackendUnavailable:
         return False
     return replies[0] == 1
+
+
+#: Failed sign-ins per client address and minute before the form refuses to try more.
+SIGN_IN_FAILURES_PER_MIN = 10
+FAILURES_KEY = "tg:ui:signin-failures:{client}"
+
+
+async def sign_in_blocked(services: Services, client: str) -> bool:
+    """Whether ``client`` failed to sign in too often this minute (Redis down: no).
+    A checkpoint."""
+    try:
+        [count] = await services.backends["counters"].execute(
+            [("GET", FAILURES_KEY.format(client=client))])
+    except BackendUnavailable:
+        return False
+    if not isinstance(count, bytes | str | int):
+        return False  # None: no failure this minute
+    try:
+        return int(count) >= SIGN_IN_FAILURES_PER_MIN
+    except ValueError:
+        return False
+
+
+async def note_failed_sign_in(services: Services, client: str) -> None:
+    """Count a failed sign-in of ``client`` (a fixed window of one minute). A checkpoint."""
+    key = FAILURES_KEY.format(client=client)
+    with contextlib.suppress(BackendUnavailable):
+        # SET NX starts the minute (any Redis version); INCR keeps the expiry.
+        await services.backends["counters"].execute(
+            [("SET", key, "0", "PX", 60_000, "NX"), ("INCR", key)])
