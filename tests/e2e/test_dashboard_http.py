@@ -162,6 +162,10 @@ async def test_a_virtual_key_sees_only_its_own_page(gateway: Gateway) -> None:
         mine = await client.get("/ui/mine")
         assert mine.status_code == 200 and "&lt;i&gt;mine&lt;/i&gt;" in mine.text
         assert raw not in mine.text
+        for link in re.findall(r'href="(/ui[^"#]*)"', mine.text):  # no link to a closed page
+            if "logout" not in link:
+                r = await client.get(link.replace("&amp;", "&"))
+                assert r.status_code in (200, 303), link
         for path in ("/ui/keys", "/ui/spend", "/ui/config", "/ui/spend.csv"):
             assert (await client.get(path)).status_code == 403
         r = await client.get("/ui")

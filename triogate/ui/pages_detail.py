@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 CHART_DAYS = 30
 
 
-def _props(kind: Kind, row: Mapping[str, Any], now_ms: int) -> Html:
+def _props(kind: Kind, row: Mapping[str, Any], now_ms: int, *, links: bool) -> Html:
     items: list[tuple[str, Any]] = [(kind.singular.title() + (" hash" if kind.name == "keys"
                                                                else " id"),
                                      el("code", kind.ident(row)))]
@@ -46,10 +46,10 @@ def _props(kind: Kind, row: Mapping[str, Any], now_ms: int) -> Html:
             items.append((label, row[name]))
     team, user = row.get("team_id"), row.get("user_id")
     if kind.name == "keys":
-        items.append(("Team", el("a", team, href=KINDS["teams"].view_url(team)) if team
-                      else "—"))
-        items.append(("User", el("a", user, href=KINDS["users"].view_url(user)) if user
-                      else "—"))
+        items.append(("Team", (el("a", team, href=KINDS["teams"].view_url(team)) if links
+                               else team) if team else "—"))
+        items.append(("User", (el("a", user, href=KINDS["users"].view_url(user)) if links
+                               else user) if user else "—"))
     if "models" in row:
         items.append(("Models", ", ".join(row["models"]) or "all"))
     if row.get("tags"):
@@ -124,8 +124,10 @@ async def _spend(ctx: Ctx, kind: Kind, ident: str) -> tuple[Html, Html]:
         return el("p", "The database did not answer.", class_="empty"), Html("")
     chart = stacked_bars(days, reports.series(daily, days, lambda g: g or "-"),
                          label=f"Spend per day by model, last {CHART_DAYS} days", width=1120)
-    link = el("a", f"All {total} requests in the spend log →",
-              href=url("/ui/spend", **{kind.filter_field: ident}))
+    can_read = ctx.principal is not None and ctx.principal.can("read")
+    link = (el("a", f"All {total} requests in the spend log →",
+               href=url("/ui/spend", **{kind.filter_field: ident})) if can_read
+            else el("span", f"{total} requests in the last {CHART_DAYS} days", class_="note"))
     rows = [(when(r.start_time_ms), r.model_group or "—", r.status,
              "hit" if r.cache_hit else "", number(r.input_tokens + r.output_tokens),
              usd(r.cost_nanousd), f"{r.latency_ms:,} ms") for r in recent]
@@ -153,9 +155,10 @@ def _edit(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Html:
 async def detail(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Response:
     """The page of one row (``row``: the admin API's ``info``)."""
     now_ms = ctx.services.clock_ms()
+    can_read = ctx.principal is not None and ctx.principal.can("read")
     chart, logs = await _spend(ctx, kind, ident)
     parts = [
-        el("div", section("Settings", _props(kind, row, now_ms)),
+        el("div", section("Settings", _props(kind, row, now_ms, links=can_read)),
            section("Limits and current use", await _use(ctx, kind, ident, row),
                    el("p", f"Budget: {budget_text(row)}", class_="note")), class_="grid2"),
         section("Spend over time", chart),
