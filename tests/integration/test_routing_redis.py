@@ -525,3 +525,29 @@ async def test_degraded_mode_fails_open_on_what_this_process_saw(
         assert called == {"b"}
         with pytest.raises(BackendUnavailable):
             await faulty.execute([("PING",)])
+
+
+async def test_a_dashboard_snapshot_reads_without_claiming(
+    redis: RespBackend, nursery: trio.Nursery
+) -> None:
+    """``Router.snapshot`` (the dashboard's deployments page) sees claims and cooldowns,
+    and leaves no claim of its own, even under least-busy."""
+    config = make_config(dep("a"), dep("b"), strategy="least-busy")
+    with trio.fail_after(10):
+        gw = Gateways(config, redis, await open_settler(nursery, redis))
+        now = gw.clock.now_ms
+        held = await route_read(gw.one, redis, "g", "r1", now)
+        for _ in range(3):
+            async with open_batch_scope({"counters": redis}) as scope:
+                part = scope.start_participant(
+                    lambda: gw.two.snapshot(scope.batch, ["g"], now_ms=now), name="ui")
+            [group] = part.result()
+            assert not group.degraded
+            in_flight = {s.id: s.in_flight for s in group.deployments}
+            assert in_flight == {held.claimed: 1, ({"a", "b"} - {held.claimed}).pop(): 0}
+        faulty = FaultyBackend(redis)
+        faulty.down = True
+        async with open_batch_scope({"counters": faulty}) as scope:
+            part = scope.start_participant(
+                lambda: gw.two.snapshot(scope.batch, ["g"], now_ms=now), name="ui")
+        assert part.result()[0].degraded

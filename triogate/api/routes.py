@@ -18,6 +18,7 @@ from triogate.api import (
     responses,
 )
 from triogate.api.admin.routes import routes as admin_routes
+from triogate.ui.routes import routes as ui_routes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -59,6 +60,7 @@ def table() -> dict[tuple[str, str], Route]:
         routes[("GET", f"{prefix}/models")] = Route(model_info.models)
     for (method, path), handler in admin_routes().items():
         routes[(method, path)] = Route(handler)
+    routes.update({k: Route(handler) for k, handler in ui_routes().items()})  # the dashboard
     return routes
 
 

@@ -208,6 +208,29 @@ class Router:
             request=facts.request,
         )
 
+    async def snapshot(self, batch: Batch, groups: Sequence[str], *, now_ms: int
+                       ) -> list[GroupState]:
+        """Each group's state, read-only (no least-busy claim): for dashboards. One round;
+        a group Redis did not answer for comes from the local mirror, marked degraded."""
+        handles = [
+            batch.call(
+                STATE_SCRIPT,
+                keys=self._state_keys(g, self._groups[g], now_ms),
+                args=[now_ms, "read", "snapshot", self._lease_ms, 0, 0,
+                      *[v for d in self._groups[g] for v in (d.id, d.rpm or 0, d.tpm or 0)]],
+                backend=self._backend,
+                owner=OWNER,
+            )
+            for g in groups
+        ]
+        out: list[GroupState] = []
+        for g, handle in zip(groups, handles, strict=True):
+            try:
+                out.append(_parse_state(g, self._groups[g], await handle)[1])
+            except (BackendUnavailable, CommandError, ValueError):
+                out.append(self.mirror.snapshot(g, self._groups[g], now_ms))
+        return out
+
     def _state_keys(self, group: str, deployments: Sequence[Deployment], now_ms: int) -> list[str]:
         return [
             keys.usage_key(group, now_ms),

@@ -1,0 +1,308 @@
+"""The dashboard's session and CSRF rules over real HTTP (a running gateway, httpx).
+
+A form without its token, or posted from another origin, changes nothing; a forged or
+signed-out cookie opens nothing; every page carries the security headers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+import yaml
+
+from tests.e2e.conftest import MASTER_KEY
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tests.e2e.conftest import Gateway
+
+pytestmark = pytest.mark.e2e
+
+_CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def token(html: str) -> str:
+    found = _CSRF.search(html)
+    assert found, "no CSRF token in the page"
+    return found.group(1)
+
+
+async def sign_in(client: httpx.AsyncClient, key: str = MASTER_KEY) -> httpx.Response:
+    page = await client.get("/ui/login")
+    return await client.post("/ui/login", data={"key": key, "csrf": token(page.text),
+                                                "next": "/ui/keys"})
+
+
+async def key_count(gateway: Gateway) -> int:
+    assert gateway.services.store is not None
+    return (await gateway.services.store.list_keys(page=1, size=10))[1]
+
+
+async def test_signed_out_pages_lead_to_the_sign_in_form(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await client.get("/ui/spend")
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=%2Fui%2Fspend"
+        r = await client.post("/ui/keys/new", data={"key_alias": "x"})
+        assert r.status_code == 403
+        assert await key_count(gateway) == 0
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await sign_in(client)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/keys"
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
+        assert "Secure" not in cookie and MASTER_KEY not in cookie
+        page = await client.get("/ui/keys")
+        assert page.status_code == 200
+        for header in ("content-security-policy", "x-frame-options", "x-content-type-options"):
+            assert header in page.headers
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert "<script>" not in page.text  # only <script src=...>, no inline script
+
+
+async def test_over_tls_the_cookie_is_secure(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url,
+                                 headers={"x-forwarded-proto": "https"}) as client:
+        r = await sign_in(client)
+        assert r.headers["set-cookie"].endswith("; Secure")
+
+
+async def test_a_wrong_key_or_a_stale_sign_in_form_is_refused(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await sign_in(client, "sk-not-the-master")
+        assert r.status_code == 401
+        assert "triogate_ui=" not in r.headers.get("set-cookie", "")
+        await client.get("/ui/login")
+        r = await client.post("/ui/login", data={"key": MASTER_KEY, "csrf": "forged"})
+        assert r.status_code == 403
+        assert "triogate_ui=" not in r.headers.get("set-cookie", "")
+
+
+async def test_forms_need_the_session_token_and_this_origin(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        form = await client.get("/ui/keys/new")
+        csrf = token(form.text)
+        r = await client.post("/ui/keys/new", data={"key_alias": "no-token"})
+        assert r.status_code == 403
+        r = await client.post("/ui/keys/new", data={"key_alias": "bad", "csrf": csrf + "x"})
+        assert r.status_code == 403
+        r = await client.post("/ui/keys/new", data={"key_alias": "evil", "csrf": csrf},
+                              headers={"origin": "http://evil.example"})
+        assert r.status_code == 403
+        assert await key_count(gateway) == 0
+        r = await client.post("/ui/keys/new", data={"key_alias": "ok", "csrf": csrf},
+                              headers={"origin": gateway.url})
+        assert r.status_code == 200 and 'id="new-key"' in r.text
+        assert await key_count(gateway) == 1
+        # Another session's token does not work in this one.
+        async with httpx.AsyncClient(base_url=gateway.url) as other:
+            await sign_in(other)
+            r = await other.post("/ui/keys/new", data={"key_alias": "x", "csrf": csrf})
+            assert r.status_code == 403
+        assert await key_count(gateway) == 1
+
+
+async def test_the_api_refusal_is_shown_and_changes_nothing(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        csrf = token((await client.get("/ui/keys/new")).text)
+        r = await client.post("/ui/keys/new", data={"csrf": csrf, "models": "no-such-model",
+                                                     "key_alias": "<b>x</b>"})
+        assert r.status_code == 400
+        assert "unknown model group" in r.text
+        assert 'value="&lt;b&gt;x&lt;/b&gt;"' in r.text  # the form keeps what was typed
+        assert await key_count(gateway) == 0
+
+
+async def test_a_forged_cookie_opens_nothing(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        value = client.cookies["triogate_ui"]
+    body, _, mac = value.partition(".")
+    for forged in (body + "." + mac[::-1], body[:-2] + "." + mac, value + "x"):
+        async with httpx.AsyncClient(base_url=gateway.url,
+                                     cookies={"triogate_ui": forged}) as other:
+            r = await other.get("/ui/keys")
+            assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+    async with httpx.AsyncClient(base_url=gateway.url, cookies={"triogate_ui": value}) as same:
+        assert (await same.get("/ui/keys")).status_code == 200  # the real one still works
+
+
+async def test_a_signed_out_cookie_stops_working(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        value = client.cookies["triogate_ui"]
+        csrf = token((await client.get("/ui")).text)
+        r = await client.post("/ui/logout", data={"csrf": csrf})
+        assert r.status_code == 303 and "Max-Age=0" in r.headers["set-cookie"]
+    async with httpx.AsyncClient(base_url=gateway.url) as replay:
+        replay.cookies.set("triogate_ui", value, path="/ui")
+        r = await replay.get("/ui/keys")
+        assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+
+
+async def test_a_virtual_key_sees_only_its_own_page(gateway: Gateway) -> None:
+    assert gateway.services.store is not None
+    raw, _ = await gateway.services.store.create_key(key_alias="<i>mine</i>")
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await sign_in(client, raw)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/mine"
+        mine = await client.get("/ui/mine")
+        assert mine.status_code == 200 and "&lt;i&gt;mine&lt;/i&gt;" in mine.text
+        assert raw not in mine.text
+        for link in re.findall(r'href="(/ui[^"#]*)"', mine.text):  # no link to a closed page
+            if "logout" not in link:
+                r = await client.get(link.replace("&amp;", "&"))
+                assert r.status_code in (200, 303), link
+        for path in ("/ui/keys", "/ui/spend", "/ui/config", "/ui/spend.csv"):
+            assert (await client.get(path)).status_code == 403
+        r = await client.get("/ui")
+        assert r.status_code == 303 and r.headers["location"] == "/ui/mine"
+
+
+async def test_the_overview_lists_every_worker(tmp_path: Path) -> None:
+    """`serve --workers 2`: each worker reports when it serves the overview; both appear."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_list": [{"model_name": "m", "litellm_params": {"model": "mock/m"}}],
+        "general_settings": {"master_key": MASTER_KEY},
+        "triogate": {"state_dir": str(tmp_path / "state")},
+    }))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIOGATE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "triogate", "serve", "--config", str(config), "--port", "0",
+         "--workers", "2"], stderr=subprocess.PIPE, env=env)
+    assert process.stderr is not None
+    try:
+        def ready() -> tuple[int, set[str]]:
+            port, pids = 0, set()
+            for line in process.stderr:  # type: ignore[union-attr]
+                if found := re.search(rb'"port": ?(\d+)', line):
+                    port = int(found.group(1))
+                if b"gateway ready" in line and (pid := re.search(rb'"pid": ?(\d+)', line)):
+                    pids.add(pid.group(1).decode())
+                if port and len(pids) == 2:
+                    return port, pids
+            raise AssertionError("the supervisor exited early")
+
+        with trio.fail_after(60):
+            port, pids = await trio.to_thread.run_sync(ready)
+            url = f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(base_url=url) as client:
+                await sign_in(client)
+                cookie = client.cookies["triogate_ui"]
+            shown: set[str] = set()
+            while len(shown) < 2:  # new connections: the kernel spreads them
+                async with httpx.AsyncClient(base_url=url,
+                                             cookies={"triogate_ui": cookie}) as fresh:
+                    page = await fresh.get("/ui")
+                    assert page.status_code == 200
+                    shown = set(re.findall(r"pid (\d+)", page.text))
+                await trio.sleep(0.05)
+            assert shown == pids
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await trio.to_thread.run_sync(process.wait, 20)
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+@pytest.mark.parametrize(("kind", "id_field", "ident", "fields", "shown"), [
+    ("teams", "team_id", "team-a", {"team_alias": "Team <A>", "max_budget": "10",
+                                    "rpm_limit": "5"}, "Team &lt;A&gt;"),
+    ("users", "user_id", "ann", {"user_email": "ann@example.com", "tpm_limit": "100"},
+     "ann@example.com"),
+    ("customers", "user_id", "cust-1", {"alias": "Acme", "max_parallel_requests": "2"}, "Acme"),
+    ("tags", "name", "batch-jobs", {"description": "nightly", "max_budget": "1.5"}, "nightly"),
+])
+async def test_each_entity_is_created_listed_changed_and_deleted(
+    gateway: Gateway, kind: str, id_field: str, ident: str, fields: dict[str, str],
+    shown: str,
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        csrf = token((await client.get(f"/ui/{kind}/new")).text)
+        r = await client.post(f"/ui/{kind}/new", data={"csrf": csrf, id_field: ident, **fields})
+        assert r.status_code == 303, r.text
+        view = await client.get(r.headers["location"])
+        assert view.status_code == 200 and shown in view.text
+        assert "Created" in view.text and "Spend over time" in view.text
+        listing = await client.get(f"/ui/{kind}", params={"q": ident[:3].upper()})
+        assert ident in listing.text and "1 " in listing.text
+        assert "No " in (await client.get(f"/ui/{kind}", params={"q": "zzz"})).text
+        # Update: an emptied limit is cleared.
+        limit_field = next(f for f in ("rpm_limit", "tpm_limit", "max_parallel_requests",
+                                       "max_budget") if f in fields)
+        r = await client.post(f"/ui/{kind}/update",
+                              data={"csrf": csrf, "id": ident, **fields, limit_field: ""})
+        assert r.status_code == 303
+        info = await gateway_info(gateway, kind, ident)
+        assert info.get(limit_field) is None
+        if kind in ("teams", "customers"):
+            r = await client.post(f"/ui/{kind}/block", data={"csrf": csrf, "id": ident})
+            assert r.status_code == 303
+            assert (await gateway_info(gateway, kind, ident))["blocked"] is True
+            page = await client.get(r.headers["location"])
+            assert "Blocked." in page.text and "Unblock" in page.text
+        r = await client.post(f"/ui/{kind}/delete", data={"csrf": csrf, "id": ident})
+        assert r.status_code == 303 and r.headers["location"] == f"/ui/{kind}"
+        assert "Deleted" in (await client.get(f"/ui/{kind}")).text
+        gone = await client.get(f"/ui/{kind}/view", params={"id": ident})
+        assert gone.status_code == 404 and "not found" in gone.text
+
+
+async def gateway_info(gateway: Gateway, kind: str, ident: str) -> dict[str, object]:
+    """The row as the admin API reports it (over HTTP, with the master key)."""
+    path, param = {"teams": ("/team/info", "team_id"), "users": ("/user/info", "user_id"),
+                   "customers": ("/customer/info", "end_user_id"),
+                   "tags": ("/tag/info", "name")}[kind]
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        r = await http.get(path, params={param: ident},
+                           headers={"authorization": f"Bearer {MASTER_KEY}"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body.get("team_info") or body.get("user_info") or body  # type: ignore[no-any-return]
+
+
+async def test_a_key_page_shows_its_enforced_windows(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        csrf = token((await client.get("/ui/keys/new")).text)
+        r = await client.post("/ui/keys/new", data={
+            "csrf": csrf, "key_alias": "limited", "rpm_limit": "10", "tpm_limit": "100000",
+            "max_parallel_requests": "4"})
+        raw = re.search(r'id="new-key">([^<]+)<', r.text)
+        assert raw is not None
+        for _ in range(2):
+            chat = await client.post("/v1/chat/completions", json={
+                "model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": f"Bearer {raw.group(1)}"})
+            assert chat.status_code == 200
+        keys = await client.get("/ui/keys", params={"q": "limited"})
+        view = re.search(r'href="(/ui/keys/view\?id=[0-9a-f]+)"', keys.text)
+        assert view is not None
+        page = (await client.get(view.group(1))).text
+        assert "2 of 10" in page and "the enforced window" in page
+        assert "0 of 4" in page and "in flight now" in page
+
+
+async def test_sign_in_attempts_are_limited(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        statuses = [(await sign_in(client, f"sk-guess-{i}")).status_code for i in range(11)]
+        assert statuses == [401] * 10 + [429]
+        # Even the right key waits out the minute.
+        assert (await sign_in(client)).status_code == 429

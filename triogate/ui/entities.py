@@ -1,0 +1,156 @@
+"""Keys, teams, users, customers and tags: what differs between them, in one table.
+
+The dashboard names each kind by its URL segment (``keys``, ``teams``, ``users``,
+``customers``, ``tags``); :data:`KINDS` says how the admin API names its id in each verb
+and which columns its list shows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+
+from triogate.ui import bridge
+from triogate.ui.html import Html, badge, el, url, usd, when
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from triogate.api.services import Services
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Kind:
+    """One kind of entity as the dashboard shows it.
+
+    Attributes:
+        name: the URL segment and the bridge's kind.
+        singular, plural: how pages name it.
+        id_field: the id in a rendered row (``token`` for keys).
+        ref: the body/query field that names one (update, block, info).
+        delete_field: the body list that ``delete`` takes.
+        blockable: whether it has block/unblock.
+        filter_field: the spend-log filter for its charts (``key_hash``...).
+    """
+
+    name: str
+    singular: str
+    plural: str
+    id_field: str
+    ref: str
+    delete_field: str
+    blockable: bool
+    filter_field: str
+    label_fields: tuple[str, ...]
+
+    def ident(self, row: Mapping[str, Any]) -> str:
+        return str(row.get(self.id_field) or "")
+
+    def label(self, row: Mapping[str, Any]) -> str:
+        for name in self.label_fields:
+            if row.get(name):
+                return str(row[name])
+        return self.ident(row)
+
+    def view_url(self, ident: str) -> str:
+        return url(f"/ui/{self.name}/view", id=ident)
+
+
+KINDS: Mapping[str, Kind] = {
+    "keys": Kind(name="keys", singular="key", plural="Keys", id_field="token", ref="key",
+                 delete_field="keys", blockable=True, filter_field="key_hash",
+                 label_fields=("key_alias", "key_hint")),
+    "teams": Kind(name="teams", singular="team", plural="Teams", id_field="team_id",
+                  ref="team_id", delete_field="team_ids", blockable=True,
+                  filter_field="team_id", label_fields=("team_alias",)),
+    "users": Kind(name="users", singular="user", plural="Users", id_field="user_id",
+                  ref="user_id", delete_field="user_ids", blockable=False,
+                  filter_field="user_id", label_fields=("user_alias", "user_email")),
+    "customers": Kind(name="customers", singular="customer", plural="Customers",
+                      id_field="user_id", ref="user_id", delete_field="user_ids",
+                      blockable=True, filter_field="end_user", label_fields=("alias",)),
+    "tags": Kind(name="tags", singular="tag", plural="Tags", id_field="name", ref="name",
+                 delete_field="names", blockable=False, filter_field="tag",
+                 label_fields=("name",)),
+}
+
+INFO_PARAM = {"keys": "key", "teams": "team_id", "users": "user_id",
+              "customers": "end_user_id", "tags": "name"}
+
+#: The most rows a list page reads from the admin API (its own maximum).
+LIST_MAX = 1000
+
+
+async def list_rows(services: Services, kind: Kind) -> list[dict[str, Any]]:
+    """Every row of ``kind`` (up to :data:`LIST_MAX`) through the admin API's ``list``."""
+    query = {"size": str(LIST_MAX)}
+    if kind.name == "keys":
+        query["return_full_object"] = "true"
+    data = await bridge.call(services, kind.name, "list", query=query)
+    if isinstance(data, dict):
+        data = data.get("keys") or data.get("users") or []
+    return [r for r in data if isinstance(r, dict)]
+
+
+async def info(services: Services, kind: Kind, ident: str) -> dict[str, Any]:
+    """The admin API's ``info`` for one row, flattened (LiteLLM nests teams and users)."""
+    data = await bridge.call(services, kind.name, "info", query={INFO_PARAM[kind.name]: ident})
+    if kind.name == "keys":
+        return dict(data.get("info") or {})
+    for nested in ("team_info", "user_info"):
+        if isinstance(data.get(nested), dict):
+            return {**data[nested], "keys": data.get("keys", [])}
+    return dict(data)
+
+
+def matches(kind: Kind, row: Mapping[str, Any], q: str) -> bool:
+    """Case-insensitive search over the id and the names."""
+    if not q:
+        return True
+    q = q.lower()
+    haystack = [kind.ident(row), *(str(row.get(f) or "") for f in kind.label_fields),
+                str(row.get("team_id") or ""), str(row.get("user_id") or ""),
+                str(row.get("user_email") or "")]
+    return any(q in h.lower() for h in haystack)
+
+
+def status(row: Mapping[str, Any], now_ms: int) -> Html:
+    if row.get("blocked"):
+        return badge("blocked", "bad")
+    expires = row.get("expires_at_ms")
+    if isinstance(expires, int) and expires <= now_ms:
+        return badge("expired", "warn")
+    return badge("active", "ok")
+
+
+def budget_text(row: Mapping[str, Any]) -> str:
+    cap = row.get("max_budget_nanousd")
+    if cap is None:
+        return "—"
+    period = row.get("budget_duration")
+    return f"{usd(cap)} / {period}" if period else usd(cap)
+
+
+def columns(kind: Kind, now_ms: int) -> tuple[tuple[str, ...], Callable[[Mapping[str, Any]],
+                                                                       list[Any]]]:
+    """The list's headers and a row → cells function."""
+    def link(row: Mapping[str, Any]) -> Html:
+        return el("a", kind.label(row), href=kind.view_url(kind.ident(row)))
+
+    if kind.name == "keys":
+        return (("Alias", "Key", "Team", "User", "Budget", "RPM", "Expires", "Status"),
+                lambda r: [link(r), el("code", r.get("key_hint") or ""), r.get("team_id") or "—",
+                           r.get("user_id") or "—", budget_text(r), r.get("rpm_limit") or "—",
+                           when(r.get("expires_at_ms")), status(r, now_ms)])
+    if kind.name == "tags":
+        return (("Tag", "Description", "Budget", "RPM", "TPM"),
+                lambda r: [link(r), r.get("description") or "—", budget_text(r),
+                           r.get("rpm_limit") or "—", r.get("tpm_limit") or "—"])
+    extra = {"teams": ("Name", "team_alias"), "users": ("Email", "user_email"),
+             "customers": ("Name", "alias")}[kind.name]
+    return ((f"{kind.singular.title()} id", extra[0], "Budget", "RPM", "Parallel", "Status"),
+            lambda r: [el("a", kind.ident(r), href=kind.view_url(kind.ident(r))),
+                       r.get(extra[1]) or "—", budget_text(r), r.get("rpm_limit") or "—",
+                       r.get("max_parallel_requests") or "—", status(r, now_ms)])

@@ -1,0 +1,86 @@
+"""The overview: traffic, latency, spend, Redis waits per request, and the accounting queues."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from triogate.errors import StoreError
+from triogate.ui import reports, stats
+from triogate.ui.charts import histogram
+from triogate.ui.html import Html, badge, card, el, number, table, usd
+from triogate.ui.layout import section
+
+if TYPE_CHECKING:
+    from triogate.api.http import Response
+    from triogate.ui.context import Ctx
+
+REFRESH_S = 5
+
+
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1000:,.0f} ms"
+
+
+async def overview(ctx: Ctx) -> Response:
+    """GET /ui."""
+    services = ctx.services
+    figures = stats.overview(services, ctx.sampler, time.monotonic())
+    now_ms = services.clock_ms()
+    today = month = None
+    if services.store is not None:
+        try:
+            today = (await reports.total(services.store, reports.LogFilter(
+                start_ms=reports.day_start_ms(now_ms))))[2]
+            month = (await reports.total(services.store, reports.LogFilter(
+                start_ms=reports.month_start_ms(now_ms))))[2]
+        except StoreError:
+            pass
+    window = (f"last {figures.window_s:.0f} s" if figures.window_s else "since start")
+    rate = figures.error_rate
+    cards = el("div", [
+        card("Requests / s", number(figures.requests_per_s, 2), window),
+        card("Error rate", "—" if rate is None else f"{rate:.1%}",
+             f"{figures.requests:,.0f} requests, {window}"),
+        card("Latency p50", _ms(figures.p50_s), window),
+        card("Latency p99", _ms(figures.p99_s), window),
+        card("Time to first token", _ms(figures.ttft_p50_s), f"p50, {window}"),
+        card("Spend today", usd(today), "UTC day, all processes"),
+        card("Spend this month", usd(month), "UTC month"),
+        card("Redis", badge("up", "ok") if figures.redis_ok else badge("degraded", "bad"),
+             "last check of this process"),
+    ], class_="cards")
+    before = histogram(figures.waits_before, label="Redis waits before the model call",
+                       highlight=("1",))
+    after = histogram(figures.waits_after, label="Redis waits after the model call",
+                      colour="#56B4E9", highlight=("1",))
+    waits = section(
+        "Redis waits per request",
+        el("div", el("div", el("h3", "Before the model call"), before),
+           el("div", el("h3", "After the model call"), after), class_="grid2"),
+        note="triogate's signature: every check of a request shares one round trip per "
+             "dependency level. With the identity cached a request waits once before the "
+             "model call and once after (green bars); an established gateway waits 8 to 22 "
+             "times.")
+    degraded_rows = [(check, number(count)) for check, count in sorted(figures.degraded.items())]
+    workers = await stats.share_workers(services, figures, now_ms)
+    queues = table(
+        ("Process", "Requests / s", "Error rate", "p50", "p99", "Settler queue",
+         "Journal backlog", "Spend-log queue", "Degraded decisions"),
+        [(f"pid {w.get('pid')}" + (" (this page)" if w.get("pid") == figures.pid else ""),
+          number(w.get("rps"), 2),
+          "—" if w.get("errors") is None else f"{w['errors']:.1%}",
+          _ms(w.get("p50_s")), _ms(w.get("p99_s")), number(w.get("settler")),
+          number(w.get("journal")), number(w.get("spend_log")), number(w.get("degraded")))
+         for w in workers],
+        numeric=(1, 2, 3, 4, 5, 6, 7, 8))
+    accounting = section(
+        "Accounting and degradation", queues,
+        table(("Check", "Decisions without Redis"), degraded_rows,
+              empty="No decision was taken without Redis.", numeric=(1,)),
+        note="Per gateway process: post-call batches waiting for Redis, journal entries "
+             "awaiting replay, spend-log rows waiting for SQL. Each process reports when it "
+             "serves this page (the page refreshes itself), so with several workers every "
+             "one appears within a few refreshes; rows older than a minute are dropped.")
+    content = Html(cards + waits + accounting)
+    return ctx.page("Overview", content, active="overview", refresh_s=REFRESH_S)
