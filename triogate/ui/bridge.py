@@ -14,8 +14,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from triogate.api.admin import keys as admin_keys
-from triogate.api.admin.entities import END_USERS, TAGS, TEAMS, USERS, EntityApi, handlers
+from triogate.api.admin.routes import routes as admin_routes
 from triogate.api.errors import ApiError
 from triogate.api.http import Request
 
@@ -37,23 +36,22 @@ class UiError(Exception):
         self.message = message
 
 
-#: The dashboard's entity kinds → the admin API's description and handlers.
-ENTITIES: Mapping[str, EntityApi] = {"teams": TEAMS, "users": USERS, "customers": END_USERS,
-                                     "tags": TAGS}
+#: The dashboard's entity kinds → the admin API's path prefix.
+PREFIXES: Mapping[str, str] = {"keys": "/key", "teams": "/team", "users": "/user",
+                               "customers": "/customer", "tags": "/tag"}
+#: Admin routes whose verb differs from the dashboard's.
+_VERBS: Mapping[tuple[str, str], str] = {("keys", "new"): "generate"}
 
-KEY_HANDLERS: Mapping[str, Handler] = {
-    "new": admin_keys.generate, "update": admin_keys.update, "delete": admin_keys.delete,
-    "block": admin_keys.block, "unblock": admin_keys.unblock, "info": admin_keys.info,
-    "list": admin_keys.list_keys,
-}
+
+def _route(kind: str, verb: str) -> tuple[str, str]:
+    method = "GET" if verb in ("info", "list") else "POST"
+    return method, f"{PREFIXES[kind]}/{_VERBS.get((kind, verb), verb)}"
 
 
 def handler_of(kind: str, verb: str) -> Handler:
-    """The admin handler for ``verb`` on ``kind`` ("keys", "teams", ...)."""
-    if kind == "keys":
-        return KEY_HANDLERS[verb]
-    found: Handler = handlers(ENTITIES[kind])[verb]
-    return found
+    """The admin route for ``verb`` on ``kind`` ("keys", "teams", ...), behind the same
+    role rule the HTTP API applies."""
+    return admin_routes()[_route(kind, verb)]
 
 
 def _request(services: Services, method: str, path: str, query: Mapping[str, str],
@@ -85,9 +83,9 @@ async def call(services: Services, kind: str, verb: str, *,
     Raises:
         UiError: the API refused (400, 404, 409, 503...), with its message.
     """
-    method = "GET" if verb in ("info", "list") else "POST"
+    method, path = _route(kind, verb)
     raw = orjson.dumps(dict(body)) if body is not None else b""
-    request = _request(services, method, f"/ui-admin/{kind}/{verb}", query or {}, raw)
+    request = _request(services, method, path, query or {}, raw)
     try:
         response = await handler_of(kind, verb)(services, request)
     except ApiError as exc:
