@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 HI = [{"role": "user", "content": "say something short"}]
-AUTH = {"authorization": f"Bearer {MASTER_KEY}"}
 
 
 def bare(gateway: Gateway) -> openai.AsyncOpenAI:
