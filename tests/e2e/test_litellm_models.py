@@ -133,6 +133,9 @@ async def test_request_fallbacks_replace_the_configs(gw: Gateway, upstream: Fake
         await oai(gw).chat.completions.create(
             model="gpt-test", messages=HI, extra_body={"fallbacks": ["no-such-model"]})
     assert info.value.body["param"] == "fallbacks"  # type: ignore[index]
+    with trio.fail_after(20), pytest.raises(openai.BadRequestError, match="at most 8"):
+        await oai(gw).chat.completions.create(
+            model="gpt-test", messages=HI, extra_body={"fallbacks": ["claude-test"] * 9})
 
 
 async def test_x_litellm_num_retries_zero_gives_up_at_once(

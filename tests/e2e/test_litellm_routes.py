@@ -3,7 +3,7 @@ deployments, and the model endpoints; each model route keeps one wait before, on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anthropic
 import httpx
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 HI = [{"role": "user", "content": "say something short"}]
-AUTH = {"authorization": f"Bearer {MASTER_KEY}"}
 
 
 def bare(gateway: Gateway) -> openai.AsyncOpenAI:
@@ -91,29 +90,6 @@ async def test_azure_style_deployments(gateway: Gateway, upstream: FakeUpstream)
     assert upstream.requests[-1].path == "/v1/messages"
     with trio.fail_after(30), pytest.raises(openai.NotFoundError):
         await client.chat.completions.create(model="no-such-model", messages=HI)
-
-
-@pytest.mark.parametrize(("path", "body"), [
-    ("/chat/completions", {"model": "gpt-test", "messages": HI}),
-    ("/v1/completions", {"model": "gpt-test", "prompt": "hi"}),
-    ("/completions", {"model": "claude-test", "prompt": "hi", "stream": True}),
-    ("/embeddings", {"model": "embed-test", "input": "hi"}),
-    ("/responses", {"model": "gpt-test", "input": "hi"}),
-    ("/openai/deployments/gpt-test/chat/completions?api-version=2024-06-01",
-     {"messages": HI}),
-    ("/openai/deployments/embed-test/embeddings", {"input": "hi"}),
-])
-async def test_every_new_route_waits_once_before_and_once_after(
-    gateway: Gateway, path: str, body: dict[str, Any]
-) -> None:
-    async with httpx.AsyncClient(timeout=20) as http:
-        response = await http.post(f"{gateway.url}{path}", json=body, headers=AUTH)
-    assert response.status_code == 200, response.text
-    with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
-    assert gateway.services.tracer is not None
-    summary = gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
-    assert (summary.waits_before, summary.waits_after) == (1, 1)
 
 
 async def _get(gateway: Gateway, path: str, key: str = MASTER_KEY) -> httpx.Response:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -43,4 +43,31 @@ async def test_a_chat_completion_waits_once_before_and_once_after(gateway: Gatew
 async def test_a_streamed_completion_waits_once_before_and_once_after(gateway: Gateway) -> None:
     response, summary = await traced(gateway, {**BODY, "stream": True})
     assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+
+
+MESSAGES = BODY["messages"]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/chat/completions", {"model": "gpt-test", "messages": MESSAGES}),
+    ("/v1/completions", {"model": "gpt-test", "prompt": "hi"}),
+    ("/completions", {"model": "claude-test", "prompt": "hi", "stream": True}),
+    ("/embeddings", {"model": "embed-test", "input": "hi"}),
+    ("/responses", {"model": "gpt-test", "input": "hi"}),
+    ("/openai/deployments/gpt-test/chat/completions?api-version=2024-06-01",
+     {"messages": MESSAGES}),
+    ("/openai/deployments/embed-test/embeddings", {"input": "hi"}),
+])
+async def test_every_litellm_route_waits_once_before_and_once_after(
+    gateway: Gateway, path: str, body: dict[str, Any]
+) -> None:
+    async with httpx.AsyncClient(timeout=20) as http:
+        response = await http.post(f"{gateway.url}{path}", json=body,
+                                   headers={"authorization": f"Bearer {MASTER_KEY}"})
+    assert response.status_code == 200, response.text
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    assert gateway.services.tracer is not None
+    summary = gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
     assert (summary.waits_before, summary.waits_after) == (1, 1)

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
     from triogate.config import Deployment
 
+#: Most fallback groups a request may name (each adds one script to the routing read).
+MAX_FALLBACKS = 8
 #: Body fields that are requests to the gateway, never sent upstream.
 CONTROL_FIELDS = ("fallbacks", "num_retries", "timeout", "drop_params")
 
@@ -78,6 +80,9 @@ def routing(services: Services, body: Mapping[str, Any], request: Request,
     if raw is not None:
         if not isinstance(raw, list) or not all(isinstance(f, (str, dict)) for f in raw):
             raise ApiError(400, "'fallbacks' must be a list of model names", param="fallbacks")
+        if len(raw) > MAX_FALLBACKS:
+            raise ApiError(400, f"'fallbacks' may name at most {MAX_FALLBACKS} models",
+                           param="fallbacks")
         for item in raw:
             # LiteLLM also takes [{"model": ...}] items.
             name = item.get("model") if isinstance(item, dict) else item
