@@ -105,17 +105,20 @@ def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
     """400 when JSON ``value`` nests deeper than ``max_depth`` (arrays and objects).
 
     Code that walks a body recursively (token estimates, cache keys, translators) would
-    otherwise hit Python's recursion limit. Iterative, so it cannot overflow itself.
+    otherwise hit Python's recursion limit. Iterative, so it cannot overflow itself. The
+    error names the top-level field that nests too deep.
     """
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[Any, int, str | None]] = [(value, 1, None)]
     while stack:
-        item, depth = stack.pop()
+        item, depth, top = stack.pop()
         if depth > max_depth:
-            raise ApiError(400, f"request body nests deeper than {max_depth} levels")
+            where = f"field '{top}'" if top is not None else "request body"
+            raise ApiError(400, f"{where} nests deeper than {max_depth} levels", param=top)
         if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+            stack.extend((v, depth + 1, k if top is None else top)
+                         for k, v in item.items() if isinstance(v, (dict, list)))
         elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+            stack.extend((v, depth + 1, top) for v in item if isinstance(v, (dict, list)))
 
 
 def cache_control(body: Mapping[str, Any], headers: Mapping[str, str]) -> CacheControl:
