@@ -2,9 +2,9 @@
 # CI: the headless browser for tests/e2e/test_dashboard_browser.py: Debian's chromium and
 # the Playwright driver (the Python package only: Playwright's own browser download is never
 # used; the test launches /usr/bin/chromium). Without them that test skips, saying why.
-# Call it from .ci/run before the install step:  .ci/install-browser.sh || exit 1
+# .ci/run calls it after the install step and sets TRIOGATE_REQUIRE_BROWSER=1.
 set -euo pipefail
-if ! command -v chromium >/dev/null 2>&1; then
+if ! command -v chromium >/dev/null 2>&1 || ! dpkg -s fonts-dejavu-core >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core

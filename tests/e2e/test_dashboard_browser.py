@@ -13,6 +13,7 @@ Skipped, with the reason, when chromium or Playwright is not installed
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -42,6 +43,9 @@ except ImportError:  # pragma: no cover - depends on the machine
     sync_playwright = None
 
 if sync_playwright is None or not Path(CHROMIUM).exists():
+    if os.environ.get("TRIOGATE_REQUIRE_BROWSER"):  # .ci/run installs both: never skip there
+        raise RuntimeError("TRIOGATE_REQUIRE_BROWSER is set but chromium or playwright is "
+                           "missing (run .ci/install-browser.sh)")
     pytest.skip("needs Debian's chromium and the playwright package "
                 "(run .ci/install-browser.sh)", allow_module_level=True)
 
