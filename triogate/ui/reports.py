@@ -93,8 +93,12 @@ def _daily(engine: Engine, f: LogFilter, group_by: str) -> list[tuple[str, str |
     with engine.connect() as conn:
         found = conn.execute(stmt).all()
     epoch = datetime.date(1970, 1, 1)
-    return sorted(((epoch + datetime.timedelta(days=int(r[0]))).isoformat(), r[1], int(r[2]),
-                   int(r[3] or 0)) for r in found)
+    out = [((epoch + datetime.timedelta(days=int(r[0]))).isoformat(), r[1], int(r[2]),
+            int(r[3] or 0)) for r in found]
+    # Rows without the group (no team, no user) sort last in their day: None and str
+    # do not compare.
+    out.sort(key=lambda r: (r[0], r[1] is None, r[1] or ""))
+    return out
 
 
 def _sum(engine: Engine, f: LogFilter) -> tuple[int, int, int]:
