@@ -172,6 +172,36 @@ async def test_a_virtual_key_sees_only_its_own_page(gateway: Gateway) -> None:
         assert r.status_code == 303 and r.headers["location"] == "/ui/mine"
 
 
+async def test_a_users_role_decides_what_its_key_may_do(gateway: Gateway) -> None:
+    store = gateway.services.store
+    assert store is not None
+    await store.create_user(user_id="ops", user_role="proxy_admin")
+    await store.create_user(user_id="auditor", user_role="proxy_admin_viewer")
+    admin_raw, _ = await store.create_key(user_id="ops", key_alias="ops-key")
+    viewer_raw, _ = await store.create_key(user_id="auditor", key_alias="audit-key")
+    async with httpx.AsyncClient(base_url=gateway.url) as viewer:
+        r = await sign_in(viewer, viewer_raw)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/keys"
+        page = await viewer.get("/ui/keys")
+        assert page.status_code == 200 and "ops-key" in page.text
+        assert "New key" not in page.text  # no button to a page it may not open
+        for path in ("/ui", "/ui/spend", "/ui/config", "/ui/deployments"):
+            assert (await viewer.get(path)).status_code == 200, path
+        assert (await viewer.get("/ui/teams/new")).status_code == 403
+        r = await viewer.post("/ui/teams/new", data={"csrf": token(page.text),
+                                                     "team_id": "nope"})
+        assert r.status_code == 403
+        assert "nope" not in await store.get_teams(["nope"])
+    async with httpx.AsyncClient(base_url=gateway.url) as admin:
+        await sign_in(admin, admin_raw)
+        csrf = token((await admin.get("/ui/teams/new")).text)
+        r = await admin.post("/ui/teams/new", data={"csrf": csrf, "team_id": "made-by-ops"})
+        assert r.status_code == 303, r.text
+        assert "made-by-ops" in await store.get_teams(["made-by-ops"])
+        await store.update_user("ops", user_role="internal_user")  # demoted: read-only
+        assert (await admin.get("/ui/teams/new")).status_code == 403
+
+
 async def test_the_overview_lists_every_worker(tmp_path: Path) -> None:
     """`serve --workers 2`: each worker reports when it serves the overview; both appear."""
     config = tmp_path / "config.yaml"

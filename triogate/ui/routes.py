@@ -163,9 +163,10 @@ def _sign_in_page(ctx: Ctx, cookies: dict[str, str], *, status: int = 200,
     next_path = _next(ctx.form.get("next") or ctx.query.get("next", "/ui"))
     messages = [el("div", f.text, class_=f"flash {f.kind}", role="status") for f in ctx.flashes]
     if ctx.services.config.master_key is None:
-        messages.append(el("div", "This gateway has no master key, so only virtual keys can "
-                           "sign in, read-only. Set general_settings.master_key to manage it "
-                           "here.", class_="flash info", role="status"))
+        messages.append(el("div", "This gateway has no master key: sign in with the key of a "
+                           "proxy_admin user to manage it, or any other virtual key to read "
+                           "its own page. Set general_settings.master_key to sign in with "
+                           "it.", class_="flash info", role="status"))
     if ctx.query.get("signed_out") == "1":
         messages.append(el("div", "You are signed out.", class_="flash ok", role="status"))
     if error:
@@ -173,7 +174,9 @@ def _sign_in_page(ctx: Ctx, cookies: dict[str, str], *, status: int = 200,
     form = el("form", csrf_input(token), el("input", type="hidden", name="next", value=next_path),
               field("key", "Master key or virtual key", type_="password", required=True,
                     autocomplete="current-password", autofocus=True,
-                    hint="The master key opens everything; a virtual key shows its own spend."),
+                    hint="The master key, or a proxy_admin user's key, opens everything; a "
+                         "proxy_admin_viewer's key reads everything; any other key shows "
+                         "its own spend."),
               el("button", "Sign in", type="submit", class_="btn primary"),
               method="post", action="/ui/login")
     body = document("Sign in", el("main", el("div", "triogate", class_="brand-big"),

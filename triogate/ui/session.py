@@ -1,10 +1,11 @@
 """Who is signed in to the dashboard: :func:`ui_principal`, signed session cookies, CSRF.
 
-* :func:`ui_principal` is the one place that decides what a key may see and do. Today: the
-  master key is a ``proxy_admin`` (everything); a virtual key that is neither blocked nor
-  expired signs in read-only to its own key's page. When the admin API grows LiteLLM's
-  roles (``proxy_admin``, ``proxy_admin_viewer``, ``internal_user``, team admins), wire
-  them here: the rest of the dashboard asks only :meth:`UiPrincipal.can`.
+* :func:`ui_principal` is the one place that decides what a key may see and do, with the
+  admin API's roles (``api/admin/roles.py``): the master key and a ``proxy_admin`` user's
+  key see and change everything; a ``proxy_admin_viewer`` user's key reads every page and
+  changes nothing; any other key that is neither blocked nor expired (nor its user
+  blocked) signs in read-only to its own key's page. The rest of the dashboard asks only
+  :meth:`UiPrincipal.can`.
 * The session is a cookie the gateway signs (HMAC-SHA256 with a secret derived from the
   master key, so every process and worker accepts it, and changing the master key signs
   everyone out). It holds the principal's subject (``master`` or the key's hash, never the
@@ -110,8 +111,19 @@ async def principal_of(services: Services, subject: str) -> UiPrincipal | None:
     expires = row.expires_at_ms
     if expires is not None and expires <= services.clock_ms():
         return None
+    role = "key"
+    if row.user_id is not None:
+        # The admin API's rule (roles.resolve_caller): a key acts with its user's role,
+        # an internal user when the user has none; a blocked user's keys sign in to nothing.
+        user = (await services.store.get_users([row.user_id])).get(row.user_id)
+        if user is not None:
+            if user.blocked:
+                return None
+            role = user.user_role or "internal_user"
     label = row.key_alias or row.key_hint or "virtual key"
-    return UiPrincipal(subject=subject, role="key", label=label, key_hash=subject)
+    if role in ("proxy_admin", "proxy_admin_viewer"):
+        label = f"{label} ({role.replace('_', ' ')})"
+    return UiPrincipal(subject=subject, role=role, label=label, key_hash=subject)
 
 
 def secret_of(services: Services) -> bytes:

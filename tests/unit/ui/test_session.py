@@ -140,6 +140,23 @@ async def test_who_may_sign_in(tmp_path: Path, store: Store) -> None:
     assert await sess.ui_principal(services, raw2) is None
 
 
+@pytest.mark.parametrize(("user_role", "read", "write"), [
+    ("proxy_admin", True, True), ("proxy_admin_viewer", True, False),
+    ("internal_user", False, False), ("internal_user_viewer", False, False),
+    (None, False, False)])
+async def test_a_key_signs_in_with_its_users_role(
+        tmp_path: Path, store: Store, user_role: str | None, read: bool, write: bool) -> None:
+    services: Any = _Services(config=_config(tmp_path), store=store)
+    await store.create_user(user_id="u1", user_role=user_role)
+    raw, row = await store.create_key(user_id="u1", key_alias="ops")
+    who = await sess.ui_principal(services, raw)
+    assert who is not None and who.role == (user_role or "internal_user")
+    assert (who.can("read"), who.can("write"), who.can("self")) == (read, write, True)
+    assert who.subject == row.token_hash and who.key_hash == row.token_hash
+    await store.update_user("u1", blocked=True)  # a blocked user's keys sign in to nothing
+    assert await sess.principal_of(services, row.token_hash) is None
+
+
 def test_the_secret_follows_the_master_key(tmp_path: Path) -> None:
     one: Any = _Services(config=_config(tmp_path), store=None)
     other_config = attrs.evolve(_config(tmp_path), master_key="sk-rotated")
