@@ -82,19 +82,28 @@ async def config_page(ctx: Ctx) -> Response:
     return ctx.page("Configuration", content, active="config")
 
 
+def _limit(used: int, cap: int | None) -> str:
+    return f"{used:,} / {cap:,}" if cap else f"{used:,} (no limit)"
+
+
 def _state_row(s: DeploymentState, now_ms: int, served: Mapping[str, tuple[float, float]]
                ) -> list[Any]:
     d = s.deployment
     cooling = s.cooldown_until_ms > now_ms
     health = (badge("cooling down", "bad") if cooling else
               badge(f"{s.fails} failures", "warn") if s.fails else badge("healthy", "ok"))
-    until = f"{(s.cooldown_until_ms - now_ms) / 1000:,.0f} s left" if cooling else "—"
+    if cooling:
+        health = el("span", health, " ",
+                    f"{(s.cooldown_until_ms - now_ms) / 1000:,.0f} s left", class_="nowrap")
     loads = [used / cap for used, cap in ((s.rpm_used, d.rpm), (s.tpm_used, d.tpm)) if cap]
     load = meter(max(loads), 1, f"{max(loads):.0%}") if loads else "no limits"
     count, errors = served.get(d.id, (0.0, 0.0))
-    return [el("code", d.id), f"{d.provider}/{d.upstream_model}", health, until,
-            number(s.in_flight), "—" if s.latency_ms is None else f"{s.latency_ms:,.0f} ms",
-            f"{s.rpm_used:,} / {d.rpm or '∞'}", f"{s.tpm_used:,} / {d.tpm or '∞'}", load,
+    # The upstream names the deployment for a person; its id (routing, logs) sits below.
+    name = el("span", f"{d.provider}/{d.upstream_model}", el("br"),
+              el("code", d.id, class_="sub"))
+    return [name, health, number(s.in_flight),
+            "—" if s.latency_ms is None else f"{s.latency_ms:,.0f} ms",
+            _limit(s.rpm_used, d.rpm), _limit(s.tpm_used, d.tpm), load,
             f"{count:,.0f} ({errors:,.0f} errors)"]
 
 
@@ -118,8 +127,8 @@ async def deployments(ctx: Ctx) -> Response:
             count, errors = served.get(fields.get("deployment", "-"), (0.0, 0.0))
             bad = value if fields.get("status", "2")[:1] in "45" else 0.0
             served[fields.get("deployment", "-")] = (count + value, errors + bad)
-    headers = ("Model group", "Deployment", "Upstream", "Health", "Cooldown", "In flight",
-               "Latency", "RPM used", "TPM used", "Load", "Served here")
+    headers = ("Model group", "Deployment", "Health", "In flight", "Latency",
+               "RPM this minute", "TPM this minute", "Load", "Served here")
     rows = []
     for state in states:
         group = el("strong", state.group)
@@ -128,7 +137,7 @@ async def deployments(ctx: Ctx) -> Response:
                        title="Redis did not answer: this process's own view")
         for i, s in enumerate(state.deployments):
             rows.append([group if i == 0 else "", *_state_row(s, now_ms, served)])
-    parts = [section("Deployments by model group", table(headers, rows, numeric=(5, 6)))]
+    parts = [section("Deployments by model group", table(headers, rows, numeric=(3, 4, 5, 6)))]
     intro = el("p", f"Strategy: {services.router.strategy}. Usage, cooldowns and latency are "
                     "shared by every gateway process through Redis; “Served here” counts this "
                     "process's requests since it started.", class_="note")
