@@ -242,6 +242,7 @@ async def test_the_overview_lists_every_worker(tmp_path: Path) -> None:
                     shown = set(re.findall(r"pid (\d+)", page.text))
                 await trio.sleep(0.05)
             assert shown == pids
+            assert "2 processes" in page.text  # the cards add up both workers
     finally:
         process.send_signal(signal.SIGTERM)
         try:

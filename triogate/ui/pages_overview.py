@@ -36,23 +36,26 @@ async def overview(ctx: Ctx) -> Response:
                 start_ms=reports.month_start_ms(now_ms))))[2]
         except StoreError:
             pass
-    window = (f"last {figures.window_s:.0f} s" if figures.window_s else "since start")
-    rate = figures.error_rate
+    workers = await stats.share_workers(services, figures, now_ms)
+    every = stats.combine(workers)
+    window = (f"last {every.window_s:.0f} s" if every.window_s else "since start")
+    who = f"{every.processes} processes" if every.processes > 1 else "this process"
+    rate = every.error_rate
     cards = el("div", [
-        card("Requests / s", number(figures.requests_per_s, 2), window),
+        card("Requests / s", number(every.requests_per_s, 2), f"{window}, {who}"),
         card("Error rate", "—" if rate is None else f"{rate:.1%}",
-             f"{figures.requests:,.0f} requests, {window}"),
-        card("Latency p50", _ms(figures.p50_s), window),
-        card("Latency p99", _ms(figures.p99_s), window),
-        card("Time to first token", _ms(figures.ttft_p50_s), f"p50, {window}"),
+             f"{every.requests:,.0f} requests, {window}"),
+        card("Latency p50", _ms(every.p50_s), f"{window}, {who}"),
+        card("Latency p99", _ms(every.p99_s), f"{window}, {who}"),
+        card("Time to first token", _ms(every.ttft_p50_s), f"p50 of streams, {window}"),
         card("Spend today", usd(today), "UTC day, all processes"),
-        card("Spend this month", usd(month), "UTC month"),
+        card("Spend this month", usd(month), "UTC month, all processes"),
         card("Redis", badge("up", "ok") if figures.redis_ok else badge("degraded", "bad"),
              "last check of this process"),
     ], class_="cards")
-    before = histogram(figures.waits_before, label="Redis waits before the model call",
+    before = histogram(every.waits_before, label="Redis waits before the model call",
                        highlight=("1",))
-    after = histogram(figures.waits_after, label="Redis waits after the model call",
+    after = histogram(every.waits_after, label="Redis waits after the model call",
                       colour="#56B4E9", highlight=("1",))
     waits = section(
         "Redis waits per request",
@@ -61,9 +64,8 @@ async def overview(ctx: Ctx) -> Response:
         note="triogate's signature: every check of a request shares one round trip per "
              "dependency level. With the identity cached a request waits once before the "
              "model call and once after (green bars); an established gateway waits 8 to 22 "
-             "times.")
+             f"times. Requests since each process started, {who}.")
     degraded_rows = [(check, number(count)) for check, count in sorted(figures.degraded.items())]
-    workers = await stats.share_workers(services, figures, now_ms)
     queues = table(
         ("Process", "Requests / s", "Error rate", "p50", "p99", "Settler queue",
          "Journal backlog", "Spend-log queue", "Degraded decisions"),
@@ -76,7 +78,7 @@ async def overview(ctx: Ctx) -> Response:
         numeric=(1, 2, 3, 4, 5, 6, 7, 8))
     accounting = section(
         "Accounting and degradation", queues,
-        table(("Check", "Decisions without Redis"), degraded_rows,
+        table(("Check", "Decisions without Redis (this process)"), degraded_rows,
               empty="No decision was taken without Redis.", numeric=(1,)),
         note="Per gateway process: post-call batches waiting for Redis, journal entries "
              "awaiting replay, spend-log rows waiting for SQL. Each process reports when it "

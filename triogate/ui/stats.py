@@ -121,6 +121,9 @@ class Overview:
     pid: int
     window_s: float
     requests: float
+    errors: float
+    duration: list[tuple[float, float]]
+    ttft: list[tuple[float, float]]
     requests_per_s: float | None
     error_rate: float | None
     p50_s: float | None
@@ -149,15 +152,20 @@ def overview(services: Services, sampler: Sampler, now_s: float) -> Overview:
         if n == "triogate_degraded_decisions_total" and v:
             check = dict(labels).get("check", "-")
             degraded[check] = degraded.get(check, 0.0) + v
+    duration = buckets(recent, "triogate_request_duration_seconds")
+    ttft = buckets(recent, "triogate_time_to_first_token_seconds")
     return Overview(
         pid=os.getpid(),
         window_s=span,
         requests=requests,
+        errors=errors,
+        duration=duration,
+        ttft=ttft,
         requests_per_s=requests / span if span else None,
         error_rate=errors / requests if requests else None,
-        p50_s=quantile(buckets(recent, "triogate_request_duration_seconds"), 0.5),
-        p99_s=quantile(buckets(recent, "triogate_request_duration_seconds"), 0.99),
-        ttft_p50_s=quantile(buckets(recent, "triogate_time_to_first_token_seconds"), 0.5),
+        p50_s=quantile(duration, 0.5),
+        p99_s=quantile(duration, 0.99),
+        ttft_p50_s=quantile(ttft, 0.5),
         waits_before=per_bucket(buckets(current, "triogate_redis_waits_per_request",
                                         phase="before")),
         waits_after=per_bucket(buckets(current, "triogate_redis_waits_per_request",
@@ -175,11 +183,75 @@ WORKERS_KEY = "tg:ui:workers"
 WORKER_TTL_MS = 60_000
 
 
-def worker_row(o: Overview, now_ms: int) -> dict[str, float | int | None]:
+def _bounds(cumulative: list[tuple[float, float]]) -> list[list[Any]]:
+    return [[repr(bound), count] for bound, count in cumulative]  # JSON has no infinity
+
+
+def worker_row(o: Overview, now_ms: int) -> dict[str, Any]:
+    """What a process publishes for the others: its table row, and the counts and
+    histograms that :func:`combine` adds up."""
     return {"pid": o.pid, "at_ms": now_ms, "rps": o.requests_per_s, "errors": o.error_rate,
             "p50_s": o.p50_s, "p99_s": o.p99_s, "settler": o.settler_queue,
             "journal": o.journal_pending, "spend_log": o.spend_log_queue,
-            "degraded": sum(o.degraded.values())}
+            "degraded": sum(o.degraded.values()), "window_s": o.window_s,
+            "n": o.requests, "n_errors": o.errors, "duration": _bounds(o.duration),
+            "ttft": _bounds(o.ttft), "waits_before": o.waits_before,
+            "waits_after": o.waits_after}
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Combined:
+    """The overview's cards and histograms over every process that reported."""
+
+    processes: int
+    window_s: float
+    requests: float
+    requests_per_s: float | None
+    error_rate: float | None
+    p50_s: float | None
+    p99_s: float | None
+    ttft_p50_s: float | None
+    waits_before: list[tuple[str, float]]
+    waits_after: list[tuple[str, float]]
+
+
+def _sum_buckets(rows: Iterable[Any]) -> list[tuple[float, float]]:
+    out: dict[float, float] = {}
+    for row in rows:
+        for bound, count in row or ():
+            out[float(bound)] = out.get(float(bound), 0.0) + float(count)
+    return sorted(out.items())
+
+
+def _sum_labels(rows: Iterable[Any]) -> list[tuple[str, float]]:
+    out: dict[str, float] = {}
+    for row in rows:
+        for label, count in row or ():
+            out[str(label)] = out.get(str(label), 0.0) + float(count)
+    return list(out.items())  # every process has the same buckets, in the same order
+
+
+def combine(rows: list[dict[str, Any]]) -> Combined:
+    """Add up the processes' rows (from :func:`worker_row`): requests a second and
+    counts are sums; percentiles come from the summed histograms, as Prometheus's
+    ``histogram_quantile(sum by (le) ...)`` would give."""
+    requests = sum(float(r.get("n") or 0) for r in rows)
+    errors = sum(float(r.get("n_errors") or 0) for r in rows)
+    rates = [float(r["rps"]) for r in rows if r.get("rps") is not None]
+    duration = _sum_buckets(r.get("duration") for r in rows)
+    ttft = _sum_buckets(r.get("ttft") for r in rows)
+    return Combined(
+        processes=len(rows),
+        window_s=max((float(r.get("window_s") or 0) for r in rows), default=0.0),
+        requests=requests,
+        requests_per_s=sum(rates) if rates else None,
+        error_rate=errors / requests if requests else None,
+        p50_s=quantile(duration, 0.5),
+        p99_s=quantile(duration, 0.99),
+        ttft_p50_s=quantile(ttft, 0.5),
+        waits_before=_sum_labels(r.get("waits_before") for r in rows),
+        waits_after=_sum_labels(r.get("waits_after") for r in rows))
 
 
 async def share_workers(services: Services, o: Overview, now_ms: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
@@ -11,7 +12,7 @@ from triogate.config import parse_config
 from triogate.ui import forms
 from triogate.ui.limits import window_sum
 from triogate.ui.pages_system import REDACTED, is_secret_name, redacted
-from triogate.ui.stats import Sampler, diff, per_bucket, quantile
+from triogate.ui.stats import Overview, Sampler, combine, diff, per_bucket, quantile, worker_row
 
 
 def test_creating_leaves_out_empty_fields_and_converts_the_rest() -> None:
@@ -91,6 +92,36 @@ def test_the_sampler_reports_the_last_minute() -> None:
     span, recent = sampler.window(175.0, {key: 50.0})  # the first snapshot is too old
     assert span == 45.0 and recent == {key: 10.0}
     assert diff({key: 5.0}, {}) == {key: 5.0}
+
+
+def _process(pid: int, fast: float, slow: float, *, errors: float = 0.0) -> dict[str, Any]:
+    """A process's published row (through JSON, as Redis holds it)."""
+    duration = _cumulative([(0.01, fast), (0.1, 0.0), (1.0, slow), (float("inf"), 0.0)])
+    o = Overview(pid=pid, window_s=60.0, requests=fast + slow, errors=errors,
+                 duration=duration, ttft=[], requests_per_s=(fast + slow) / 60,
+                 error_rate=errors / (fast + slow), p50_s=None, p99_s=None, ttft_p50_s=None,
+                 waits_before=[("1", fast + slow), ("2", 0.0)], waits_after=[("1", 1.0)],
+                 degraded={}, settler_queue=0, journal_pending=0, spend_log_queue=0,
+                 redis_ok=True)
+    row: dict[str, Any] = orjson.loads(orjson.dumps(worker_row(o, 1)))
+    return row
+
+
+def test_the_cards_add_up_every_process() -> None:
+    # One process served 90 fast requests, the other 10 slow ones (5 of them errors):
+    # the gateway's p50 is fast, its p99 slow, its error rate 5 in 100.
+    every = combine([_process(1, 90, 0), _process(2, 0, 10, errors=5)])
+    assert every.processes == 2 and every.requests == 100
+    assert every.requests_per_s == pytest.approx(100 / 60)
+    assert every.error_rate == pytest.approx(0.05)
+    assert every.p50_s is not None and every.p50_s <= 0.01
+    assert every.p99_s is not None and 0.1 < every.p99_s <= 1.0
+    assert every.ttft_p50_s is None  # no stream anywhere
+    assert every.waits_before == [("1", 100.0), ("2", 0.0)]
+    assert every.waits_after == [("1", 2.0)]
+    alone = combine([_process(1, 90, 0)])
+    assert alone.processes == 1 and alone.p99_s is not None and alone.p99_s <= 0.01
+    assert combine([]).requests_per_s is None
 
 
 def test_the_configuration_page_redacts_every_secret() -> None:
