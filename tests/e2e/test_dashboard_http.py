@@ -19,6 +19,7 @@ import trio
 import yaml
 
 from tests.e2e.conftest import MASTER_KEY
+from triogate.store import SpendLogRow
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -337,3 +338,37 @@ async def test_sign_in_attempts_are_limited(gateway: Gateway) -> None:
         assert statuses == [401] * 10 + [429]
         # Even the right key waits out the minute.
         assert (await sign_in(client)).status_code == 429
+
+
+async def test_the_spend_log_filters_by_a_keys_alias_or_hash(gateway: Gateway) -> None:
+    store = gateway.services.store
+    assert store is not None
+    _, a = await store.create_key(key_alias="alpha")
+    _, b = await store.create_key(key_alias="beta")
+    now = gateway.services.clock_ms()
+    await store.insert_spend_logs([
+        SpendLogRow(request_id=f"req-{i}", api="chat", key_hash=h, key_alias=alias,
+                    model_group="m", cost_nanousd=1000, start_time_ms=now - i,
+                    end_time_ms=now - i + 1)
+        for i, (h, alias) in enumerate([(a.token_hash, "old-alpha"), (a.token_hash, "alpha"),
+                                        (b.token_hash, "beta"), (None, "gone")])])
+
+    async def shown(**query: str) -> set[str]:
+        page = await client.get("/ui/spend", params=query)
+        assert page.status_code == 200
+        return set(re.findall(r"<code>(req-\d)</code>", page.text))
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        assert await shown() == {"req-0", "req-1", "req-2", "req-3"}
+        # Its alias now names the key: every request of it, under any alias it had.
+        assert await shown(key="alpha") == {"req-0", "req-1"}
+        assert await shown(key_hash=a.token_hash) == {"req-0", "req-1"}  # a key page's link
+        assert await shown(key=b.token_hash) == {"req-2"}
+        assert await shown(key="gone") == {"req-3"}  # an alias no key has: as logged
+        assert await shown(key="nobody") == set()
+        csv_text = (await client.get("/ui/spend.csv", params={"key": "alpha"})).text
+        assert csv_text.count("req-") == 2 and "req-2" not in csv_text
+        page = (await client.get("/ui/spend")).text
+        legend = page.split('aria-label="Spend per day by key"', 1)[1].split("</figure>")[0]
+        assert "master key" in legend  # the legend names the requests without a key
+        assert "alpha" in legend and "beta" in legend

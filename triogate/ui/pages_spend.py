@@ -6,8 +6,11 @@ from __future__ import annotations
 import csv
 import datetime
 import io
+import re
 from functools import partial
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from triogate.api.http import Response
 from triogate.errors import StoreError
@@ -21,20 +24,32 @@ from triogate.ui.layout import Flash, section
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.store import SpendLogRow
+    from triogate.store import SpendLogRow, Store
     from triogate.ui.context import Ctx
 
 PAGE_SIZE = 50
 CSV_MAX_ROWS = 10_000
 DEFAULT_DAYS = 30
-FILTERS = ("start", "end", "key_hash", "team_id", "user_id", "end_user", "tag", "model",
+FILTERS = ("start", "end", "key", "key_hash", "team_id", "user_id", "end_user", "tag", "model",
            "status", "cache")
 CHARTS = (("key", "Key"), ("team", "Team"), ("user", "User"), ("model", "Model"),
           ("tag", "Tag"))
 
 
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
 class FilterError(ValueError):
     pass
+
+
+async def resolve_key(store: Store, f: reports.LogFilter) -> reports.LogFilter:
+    """An alias names the key that has it now (all its requests, under any alias it had);
+    an alias no key has any more matches the requests logged under it. A checkpoint."""
+    if f.key_alias is None:
+        return f
+    rows, _ = await store.list_keys(key_alias=f.key_alias, page=1, size=1)
+    return attrs.evolve(f, key_hash=rows[0].token_hash, key_alias=None) if rows else f
 
 
 def _date_ms(name: str, text: str) -> int:
@@ -52,6 +67,10 @@ def parse_filter(query: Mapping[str, str], now_ms: int) -> tuple[reports.LogFilt
     Without dates: the last 30 days. The end date is inclusive (its whole day).
     """
     values = {k: query.get(k, "").strip()[:200] for k in FILTERS}
+    # One "Key" field: a key's alias or its hash (links from a key's page send key_hash).
+    values["key"] = values["key"] or values.pop("key_hash")
+    values.pop("key_hash", None)
+    by_hash = bool(_HASH.fullmatch(values["key"]))
     if not values["start"]:
         values["start"] = reports.day_range(now_ms, DEFAULT_DAYS)[0]
     start = _date_ms("From", values["start"])
@@ -62,7 +81,8 @@ def parse_filter(query: Mapping[str, str], now_ms: int) -> tuple[reports.LogFilt
         raise FilterError(f"status must be one of {', '.join(STATUSES)}")
     cache = {"yes": True, "no": False}.get(values["cache"])
     f = reports.LogFilter(
-        start_ms=start, end_ms=end, key_hash=values["key_hash"] or None,
+        start_ms=start, end_ms=end, key_hash=values["key"] if by_hash else None,
+        key_alias=values["key"] if values["key"] and not by_hash else None,
         team_id=values["team_id"] or None, user_id=values["user_id"] or None,
         end_user=values["end_user"] or None, tag=values["tag"] or None,
         model_group=values["model"] or None, status=values["status"] or None, cache_hit=cache)
@@ -74,7 +94,7 @@ def _filter_form(ctx: Ctx, values: Mapping[str, str]) -> Html:
     return el("form", el("div", [
         field("start", "From", value=values["start"], type_="date"),
         field("end", "To", value=values["end"], type_="date"),
-        field("key_hash", "Key hash", value=values["key_hash"]),
+        field("key", "Key", value=values["key"], placeholder="alias or hash"),
         field("team_id", "Team", value=values["team_id"]),
         field("user_id", "User", value=values["user_id"]),
         field("end_user", "Customer", value=values["end_user"]),
@@ -96,8 +116,8 @@ async def _key_names(ctx: Ctx, hashes: list[str]) -> dict[str, str]:
     return {h: r.key_alias or r.key_hint or h[:10] for h, r in rows.items()}
 
 
-def _name(names: Mapping[str, str], group: str | None) -> str:
-    return names.get(group or "", group or "") or "(none)"
+def _name(names: Mapping[str, str], group: str | None, *, none: str = "(none)") -> str:
+    return names.get(group or "", group or "") or none
 
 
 async def _charts(ctx: Ctx, f: reports.LogFilter) -> Html:
@@ -112,7 +132,9 @@ async def _charts(ctx: Ctx, f: reports.LogFilter) -> Html:
         names: dict[str, str] = {}
         if group == "key":
             names = await _key_names(ctx, sorted({r[1] for r in rows if r[1]}))
-        series = reports.series(rows, days, partial(_name, names))
+        # A request without a key came with the master key.
+        none = "master key" if group == "key" else f"(no {label.lower()})"
+        series = reports.series(rows, days, partial(_name, names, none=none))
         chart = stacked_bars(days, series, label=f"Spend per day by {label.lower()}",
                              width=1120 if i == 0 else 720)
         figures.append(section(f"By {label.lower()}", chart))
@@ -142,6 +164,7 @@ async def spend(ctx: Ctx) -> Response:
     raw = ctx.query.get("page", "1")
     page = max(1, int(raw)) if raw.isdigit() and len(raw) < 7 else 1
     try:
+        f = await resolve_key(store, f)
         rows, count = await reports.log_page(store, f, page=page, size=PAGE_SIZE)
         requests, tokens, cost = await reports.total(store, f)
         charts = await _charts(ctx, f)
@@ -175,6 +198,7 @@ async def spend_csv(ctx: Ctx) -> Response:
         return Response(str(exc).encode(), status=400, content_type="text/plain; charset=utf-8")
     if store is None:
         return Response(b"no SQL store", status=503, content_type="text/plain")
+    f = await resolve_key(store, f)
     rows, _ = await reports.log_page(store, f, page=1, size=CSV_MAX_ROWS)
     out = io.StringIO()
     writer = csv.writer(out)

@@ -40,6 +40,7 @@ class LogFilter:
     start_ms: int | None = None
     end_ms: int | None = None
     key_hash: str | None = None
+    key_alias: str | None = None
     team_id: str | None = None
     user_id: str | None = None
     end_user: str | None = None
@@ -52,8 +53,8 @@ class LogFilter:
 def _where(f: LogFilter) -> list[sa.ColumnElement[bool]]:
     c = spend_logs.c
     out: list[sa.ColumnElement[bool]] = []
-    for name in ("key_hash", "team_id", "user_id", "end_user", "model_group", "status",
-                 "cache_hit"):
+    for name in ("key_hash", "key_alias", "team_id", "user_id", "end_user", "model_group",
+                 "status", "cache_hit"):
         value = getattr(f, name)
         if value is not None:
             out.append(c[name] == value)
