@@ -66,10 +66,13 @@ async def overview(ctx: Ctx) -> Response:
              "model call and once after (green bars); an established gateway waits 8 to 22 "
              f"times. Requests since each process started, {who}.")
     degraded_rows = [(check, number(count)) for check, count in sorted(figures.degraded.items())]
+    hosts = {w.get("host") for w in workers}
     queues = table(
         ("Process", "Requests / s", "Error rate", "p50", "p99", "Settler queue",
          "Journal backlog", "Spend-log queue", "Degraded decisions"),
-        [(f"pid {w.get('pid')}" + (" (this page)" if w.get("pid") == figures.pid else ""),
+        [((f"{w.get('host')} " if len(hosts) > 1 else "") + f"pid {w.get('pid')}"
+          + (" (this page)" if w.get("pid") == figures.pid and w.get("host") == stats.HOST
+             else ""),
           number(w.get("rps"), 2),
           "—" if w.get("errors") is None else f"{w['errors']:.1%}",
           _ms(w.get("p50_s")), _ms(w.get("p99_s")), number(w.get("settler")),
@@ -85,4 +88,8 @@ async def overview(ctx: Ctx) -> Response:
              "serves this page (the page refreshes itself), so with several workers every "
              "one appears within a few refreshes; rows older than a minute are dropped.")
     content = Html(cards + waits + accounting)
-    return ctx.page("Overview", content, active="overview", refresh_s=REFRESH_S)
+    response = ctx.page("Overview", content, active="overview", refresh_s=REFRESH_S)
+    # A browser keeps its connection, and so its worker: closing it after this page
+    # lets the next refresh land on any worker, so every worker reports within a few.
+    response.headers["connection"] = "close"
+    return response

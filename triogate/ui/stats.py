@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import socket
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -178,9 +179,27 @@ def overview(services: Services, sampler: Sampler, now_s: float) -> Overview:
     )
 
 
-#: Each process's latest overview figures, by pid, for the per-worker table.
+#: Each process's latest overview figures, by host and pid, for the per-worker table.
 WORKERS_KEY = "tg:ui:workers"
 WORKER_TTL_MS = 60_000
+HOST = socket.gethostname()
+
+
+def _gone(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is of a process of this host that has exited (a restarted
+    gateway's old workers leave at once, not after a minute)."""
+    if row.get("host") != HOST or row.get("pid") == os.getpid():
+        return False
+    try:
+        pid = int(row.get("pid") or 0)
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return False
+    return False
 
 
 def _bounds(cumulative: list[tuple[float, float]]) -> list[list[Any]]:
@@ -190,7 +209,8 @@ def _bounds(cumulative: list[tuple[float, float]]) -> list[list[Any]]:
 def worker_row(o: Overview, now_ms: int) -> dict[str, Any]:
     """What a process publishes for the others: its table row, and the counts and
     histograms that :func:`combine` adds up."""
-    return {"pid": o.pid, "at_ms": now_ms, "rps": o.requests_per_s, "errors": o.error_rate,
+    return {"pid": o.pid, "host": HOST, "at_ms": now_ms, "rps": o.requests_per_s,
+            "errors": o.error_rate,
             "p50_s": o.p50_s, "p99_s": o.p99_s, "settler": o.settler_queue,
             "journal": o.journal_pending, "spend_log": o.spend_log_queue,
             "degraded": sum(o.degraded.values()), "window_s": o.window_s,
@@ -265,7 +285,7 @@ async def share_workers(services: Services, o: Overview, now_ms: int
     mine = worker_row(o, now_ms)
     try:
         replies = await services.backends["counters"].execute([
-            ("HSET", WORKERS_KEY, str(o.pid), orjson.dumps(mine)),
+            ("HSET", WORKERS_KEY, f"{HOST}:{o.pid}", orjson.dumps(mine)),
             ("PEXPIRE", WORKERS_KEY, WORKER_TTL_MS * 2),
             ("HGETALL", WORKERS_KEY),
         ])
@@ -281,11 +301,12 @@ async def share_workers(services: Services, o: Overview, now_ms: int
             row = orjson.loads(value)
         except (orjson.JSONDecodeError, TypeError):
             continue
-        if not isinstance(row, dict) or now_ms - int(row.get("at_ms", 0)) > WORKER_TTL_MS:
+        if (not isinstance(row, dict) or now_ms - int(row.get("at_ms", 0)) > WORKER_TTL_MS
+                or _gone(row)):
             stale.append(field)
             continue
         rows.append(row)
     if stale:
         with contextlib.suppress(BackendUnavailable):
             await services.backends["counters"].execute([("HDEL", WORKERS_KEY, *stale)])
-    return sorted(rows, key=lambda r: int(r.get("pid", 0)))
+    return sorted(rows, key=lambda r: (str(r.get("host", "")), int(r.get("pid", 0))))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -9,7 +12,7 @@ import pytest
 import yaml
 
 from triogate.config import parse_config
-from triogate.ui import forms
+from triogate.ui import forms, stats
 from triogate.ui.limits import window_sum
 from triogate.ui.pages_system import REDACTED, is_secret_name, redacted
 from triogate.ui.stats import Overview, Sampler, combine, diff, per_bucket, quantile, worker_row
@@ -159,3 +162,12 @@ def test_rate_windows_sum_the_last_sixty_one_second_buckets() -> None:
     assert window_sum(reply, now_ms) == 9  # the bucket 60 s old has left; a future one counts
     assert window_sum([], now_ms) == 0
     assert window_sum(None, now_ms) is None
+
+
+def test_a_row_of_an_exited_process_of_this_host_is_dropped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert stats._gone({"host": stats.HOST, "pid": child.pid})
+    assert not stats._gone({"host": stats.HOST, "pid": os.getpid()})
+    assert not stats._gone({"host": "another-machine", "pid": child.pid})
+    assert not stats._gone({"host": stats.HOST, "pid": None})
