@@ -83,7 +83,7 @@ async def config_page(ctx: Ctx) -> Response:
 
 
 def _limit(used: int, cap: int | None) -> str:
-    return f"{used:,} / {cap:,}" if cap else f"{used:,} (no limit)"
+    return f"{used:,} / {cap:,}" if cap else f"{used:,}"
 
 
 def _state_row(s: DeploymentState, now_ms: int, served: Mapping[str, tuple[float, float]]
@@ -104,7 +104,7 @@ def _state_row(s: DeploymentState, now_ms: int, served: Mapping[str, tuple[float
     return [name, health, number(s.in_flight),
             "—" if s.latency_ms is None else f"{s.latency_ms:,.0f} ms",
             _limit(s.rpm_used, d.rpm), _limit(s.tpm_used, d.tpm), load,
-            f"{count:,.0f} ({errors:,.0f} errors)"]
+            f"{count:,.0f}" + (f" ({errors:,.0f} failed)" if errors else "")]
 
 
 async def deployments(ctx: Ctx) -> Response:
@@ -137,7 +137,7 @@ async def deployments(ctx: Ctx) -> Response:
                        title="Redis did not answer: this process's own view")
         for i, s in enumerate(state.deployments):
             rows.append([group if i == 0 else "", *_state_row(s, now_ms, served)])
-    parts = [section("Deployments by model group", table(headers, rows, numeric=(3, 4, 5, 6)))]
+    parts = [section("Deployments by model group", table(headers, rows, numeric=(3, 4, 5, 6, 8)))]
     intro = el("p", f"Strategy: {services.router.strategy}. Usage, cooldowns and latency are "
                     "shared by every gateway process through Redis; “Served here” counts this "
                     "process's requests since it started.", class_="note")
