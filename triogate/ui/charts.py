@@ -55,15 +55,22 @@ def usd_exact(value: float) -> str:
     return f"${value:,.6f}" if value < 1 else f"${value:,.2f}"
 
 
-def _axis(top: float, fmt: Callable[[float], str], width: int = _W) -> list[Html]:
+def _left(top: float, fmt: Callable[[float], str], width: int = _W) -> int:
+    """Room for the longest axis label ($0.000025 needs more than 20)."""
+    longest = max(len(fmt(top * i / 4)) for i in range(5))
+    return max(_LEFT, round(longest * int(_font(width)) * 0.62) + 10)
+
+
+def _axis(top: float, fmt: Callable[[float], str], width: int = _W,
+          left: int = _LEFT) -> list[Html]:
     parts: list[Html] = []
     plot_h = _H - _TOP - _BOTTOM
     for i in range(5):
         value = top * i / 4
         y = _TOP + plot_h - plot_h * i / 4
-        parts.append(el("line", x1=_LEFT, x2=width - _RIGHT, y1=f"{y:.1f}", y2=f"{y:.1f}",
+        parts.append(el("line", x1=left, x2=width - _RIGHT, y1=f"{y:.1f}", y2=f"{y:.1f}",
                         stroke="#e3e7ec", stroke_width="1"))
-        parts.append(el("text", fmt(value), x=_LEFT - 6, y=f"{y + 4:.1f}", text_anchor="end",
+        parts.append(el("text", fmt(value), x=left - 6, y=f"{y + 4:.1f}", text_anchor="end",
                         font_size=_font(width), fill="#5b6670"))
     return parts
 
@@ -94,13 +101,15 @@ def stacked_bars(
         colours.append(OTHER)
     totals = [sum(vals[i] for _, vals in shown) for i in range(len(columns))]
     top = 4 * nice_max(max(totals) / 4)  # four round steps
-    plot_w = width - _LEFT - _RIGHT
+    fmt = usd_axis(top)
+    left = _left(top, fmt, width)
+    plot_w = width - left - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
     slot = plot_w / len(columns)
     bar_w = max(2.0, min(48.0, slot * 0.7))
-    parts = _axis(top, usd_axis(top), width)
+    parts = _axis(top, fmt, width, left)
     for i, column in enumerate(columns):
-        x = _LEFT + slot * i + (slot - bar_w) / 2
+        x = left + slot * i + (slot - bar_w) / 2
         y: float = _TOP + plot_h
         for (name, vals), colour in zip(shown, colours, strict=True):
             if vals[i] <= 0:
@@ -111,7 +120,9 @@ def stacked_bars(
                             x=f"{x:.1f}", y=f"{y:.1f}", width=f"{bar_w:.1f}",
                             height=f"{max(h, 0.5):.1f}", fill=colour))
         every = max(1, len(columns) // 10)
-        if i % every == 0 or i == len(columns) - 1:
+        last = len(columns) - 1
+        # Every few days a date, and the last day's; none crowding the last.
+        if (i % every == 0 and (i == last or last - i >= max(2, every // 2 + 1))) or i == last:
             parts.append(el("text", column[5:] if len(column) == 10 else column,
                             x=f"{x + bar_w / 2:.1f}", y=_H - _BOTTOM + 16, text_anchor="middle",
                             font_size=_font(width), fill="#5b6670"))

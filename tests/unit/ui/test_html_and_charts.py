@@ -103,3 +103,13 @@ def test_money_is_shown_exactly_enough() -> None:
     assert usd(5_000_000_000) == "$5.0000"
     assert usd(22_000) == "$0.000022"
     assert isinstance(el("p", usd(1)), Html)
+
+
+def test_the_axis_makes_room_for_its_longest_label() -> None:
+    # "$0.000025" in a half-width chart was cut at the left edge.
+    from triogate.ui.charts import _left, usd_axis
+    for top in (0.0001, 0.001, 1.0, 2500.0):
+        fmt = usd_axis(top)
+        longest = max(len(fmt(top * i / 4)) for i in range(5))
+        for width, font in ((720, 13), (1120, 11)):
+            assert _left(top, fmt, width) >= longest * font * 0.6 + 6
