@@ -112,20 +112,25 @@ def number(value: float | None, digits: int = 0) -> str:
 
 
 def limit(value: Any) -> str:
-    """A limit: ``—`` for none."""
-    return "—" if value is None or value == "" else str(value)
+    """A limit: ``1,000``; ``—`` for none."""
+    if value is None or value == "":
+        return "—"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 # ------------------------------------------------------------------------ components
 
 def table(headers: Iterable[Any], rows: Iterable[Iterable[Any]], *, empty: str = "Nothing yet.",
-          caption: str | None = None, numeric: Iterable[int] = ()) -> Html:
-    """A data table; ``numeric`` column indexes are right-aligned."""
-    right = set(numeric)
-    head = el("tr", [el("th", h, scope="col", class_="num" if i in right else None)
-                     for i, h in enumerate(headers)])
-    body = [el("tr", [el("td", c, class_="num" if i in right else None)
-                      for i, c in enumerate(row)]) for row in rows]
+          caption: str | None = None, numeric: Iterable[int] = (),
+          wrap: Iterable[int] = ()) -> Html:
+    """A data table; ``numeric`` column indexes are right-aligned, ``wrap`` ones may break
+    their text over lines (cells stay on one line otherwise)."""
+    right, wrapping = set(numeric), set(wrap)
+
+    def cls(i: int) -> str | None:
+        return " ".join(c for c, on in (("num", i in right), ("wrap", i in wrapping)) if on) or None
+    head = el("tr", [el("th", h, scope="col", class_=cls(i)) for i, h in enumerate(headers)])
+    body = [el("tr", [el("td", c, class_=cls(i)) for i, c in enumerate(row)]) for row in rows]
     if not body:
         return el("p", empty, class_="empty")
     return el("div", el("table", el("caption", caption) if caption else None,

@@ -100,13 +100,17 @@ async def _use(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Html
             used, source = enforced, "last 60 s, the enforced window"
         else:
             used, source = logged, "last 60 s, from the spend logs"
-        rows.append([label, meter(used, cap_v, f"{number(used)} of {limit(cap_v)}"), source])
+        text = (f"{number(used)} of {limit(cap_v)}" if cap_v is not None
+                else f"{number(used)}, no limit")
+        rows.append([label, meter(used, cap_v, text), source])
     if "max_parallel_requests" in row:
         cap_p = row.get("max_parallel_requests")
         now = live.parallel if cap_p is not None else None
-        rows.append(["Parallel requests", meter(now, cap_p, f"{number(now)} of {limit(cap_p)}"),
+        rows.append(["Parallel requests",
+                     meter(now, cap_p, f"{number(now)} of {limit(cap_p)}" if cap_p is not None
+                           else "no limit"),
                      "in flight now" if cap_p is not None else ""])
-    return table(("Limit", "Current use", ""), rows)
+    return table(("Limit", "Current use", ""), rows, wrap=(2,))
 
 
 async def _spend(ctx: Ctx, kind: Kind, ident: str) -> tuple[Html, Html]:
