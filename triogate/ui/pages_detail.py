@@ -110,7 +110,10 @@ async def _use(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Html
                      meter(now, cap_p, f"{number(now)} of {limit(cap_p)}" if cap_p is not None
                            else "no limit"),
                      "in flight now" if cap_p is not None else ""])
-    return table(("Limit", "Current use", ""), rows, wrap=(2,))
+    # The note (where the figure comes from, when it resets) sits under the figure.
+    cells = [[label, el("div", use, el("br"), el("small", note, class_="note")) if note
+              else use] for label, use, note in rows]
+    return table(("Limit", "Current use"), cells, wrap=(1,))
 
 
 async def _spend(ctx: Ctx, kind: Kind, ident: str) -> tuple[Html, Html]:
