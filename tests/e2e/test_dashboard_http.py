@@ -199,6 +199,14 @@ async def test_a_users_role_decides_what_its_key_may_do(gateway: Gateway) -> Non
         r = await admin.post("/ui/teams/new", data={"csrf": csrf, "team_id": "made-by-ops"})
         assert r.status_code == 303, r.text
         assert "made-by-ops" in await store.get_teams(["made-by-ops"])
+        # The role is chosen in the user form, and shown on the user's page.
+        new_user = await admin.get("/ui/users/new")
+        assert '<select id="f-user_role" name="user_role">' in new_user.text
+        r = await admin.post("/ui/users/new", data={"csrf": csrf, "user_id": "aud2",
+                                                    "user_role": "proxy_admin_viewer"})
+        assert r.status_code == 303, r.text
+        assert (await store.get_users(["aud2"]))["aud2"].user_role == "proxy_admin_viewer"
+        assert "proxy_admin_viewer" in (await admin.get(r.headers["location"])).text
         await store.update_user("ops", user_role="internal_user")  # demoted: read-only
         assert (await admin.get("/ui/teams/new")).status_code == 403
 

@@ -148,7 +148,13 @@ def columns(kind: Kind, now_ms: int) -> tuple[tuple[str, ...], Callable[[Mapping
         return (("Tag", "Description", "Budget", "RPM", "TPM"),
                 lambda r: [link(r), r.get("description") or "—", budget_text(r),
                            r.get("rpm_limit") or "—", r.get("tpm_limit") or "—"])
-    extra = {"teams": ("Name", "team_alias"), "users": ("Email", "user_email"),
+    if kind.name == "users":
+        return (("User id", "Email", "Role", "Budget", "RPM", "Parallel", "Status"),
+                lambda r: [el("a", kind.ident(r), href=kind.view_url(kind.ident(r))),
+                           r.get("user_email") or "—", r.get("user_role") or "internal_user",
+                           budget_text(r), r.get("rpm_limit") or "—",
+                           r.get("max_parallel_requests") or "—", status(r, now_ms)])
+    extra = {"teams": ("Name", "team_alias"),
              "customers": ("Name", "alias")}[kind.name]
     return ((f"{kind.singular.title()} id", extra[0], "Budget", "RPM", "Parallel", "Status"),
             lambda r: [el("a", kind.ident(r), href=kind.view_url(kind.ident(r))),

@@ -20,7 +20,15 @@ from triogate.api.admin.fields import (
     TEAM_FIELDS,
     USER_FIELDS,
 )
-from triogate.ui.html import Html, el, field
+from triogate.ui.html import Html, el, field, select
+
+#: The roles a user may have, as the form offers them (the API's default first).
+ROLE_CHOICES = (
+    ("internal_user", "internal user: its own keys and spend"),
+    ("internal_user_viewer", "internal user viewer: reads its own keys and spend"),
+    ("proxy_admin_viewer", "admin viewer: reads everything, changes nothing"),
+    ("proxy_admin", "admin: everything"),
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -36,7 +44,7 @@ class Spec:
     """How one API field appears in a form: label, input type, hint, JSON conversion."""
 
     label: str
-    kind: str = "text"  # text | usd | int | list | json | duration
+    kind: str = "text"  # text | usd | int | list | json | duration | role
     hint: str = ""
 
 
@@ -46,6 +54,7 @@ SPECS: Mapping[str, Spec] = {
     "user_alias": Spec("Name"),
     "alias": Spec("Name"),
     "user_email": Spec("Email"),
+    "user_role": Spec("Role", "role", "What the user's keys may do here and in the admin API."),
     "description": Spec("Description"),
     "team_id": Spec("Team id"),
     "user_id": Spec("User id"),
@@ -154,6 +163,9 @@ def render_fields(kind: str, values: Mapping[str, Any] | None = None, *, creatin
         spec = SPECS[name]
         raw = values.get(name)
         text = raw if isinstance(raw, str) else shown(raw, spec)
+        if spec.kind == "role":
+            parts.append(select(name, spec.label, ROLE_CHOICES, text or "internal_user"))
+            continue
         mode = {"usd": "decimal", "int": "numeric"}.get(spec.kind)
         parts.append(field(name, spec.label, value=text, hint=spec.hint, inputmode=mode,
                            autocomplete="off"))

@@ -41,6 +41,7 @@ def _props(kind: Kind, row: Mapping[str, Any], now_ms: int, *, links: bool) -> H
                                      el("code", kind.ident(row)))]
     for name, label in (("key_hint", "Key"), ("key_alias", "Alias"), ("team_alias", "Name"),
                         ("user_alias", "Name"), ("alias", "Name"), ("user_email", "Email"),
+                        ("user_role", "Role"),
                         ("description", "Description")):
         if row.get(name):
             items.append((label, row[name]))

@@ -171,3 +171,14 @@ def test_a_row_of_an_exited_process_of_this_host_is_dropped() -> None:
     assert not stats._gone({"host": stats.HOST, "pid": os.getpid()})
     assert not stats._gone({"host": "another-machine", "pid": child.pid})
     assert not stats._gone({"host": stats.HOST, "pid": None})
+
+
+def test_a_users_role_is_a_choice_of_the_apis_roles() -> None:
+    from triogate.api.admin.fields import USER_ROLES
+    assert {r for r, _ in forms.ROLE_CHOICES} == set(USER_ROLES)
+    markup = forms.render_fields("users", {"user_role": "proxy_admin_viewer"}, creating=False)
+    assert '<select id="f-user_role" name="user_role">' in markup
+    assert '<option value="proxy_admin_viewer" selected>' in markup
+    assert forms.body_of("users", {"user_role": "proxy_admin"}, creating=True) == {
+        "user_role": "proxy_admin"}
+    assert "user_role" not in forms.render_fields("keys", creating=True)
