@@ -383,3 +383,20 @@ async def test_the_spend_log_filters_by_a_keys_alias_or_hash(gateway: Gateway) -
         legend = page.split('aria-label="Spend per day by key"', 1)[1].split("</figure>")[0]
         assert "master key" in legend  # the legend names the requests without a key
         assert "alpha" in legend and "beta" in legend
+
+
+async def test_lists_page_through_more_rows_than_one_api_page(gateway: Gateway) -> None:
+    # 1,030 keys: more than the admin API's largest page (1,000), so the list reads two.
+    store = gateway.services.store
+    assert store is not None
+    for i in range(1030):
+        await store.create_key(key_alias=f"bulk-{i:04d}")
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        first = (await client.get("/ui/keys")).text
+        assert "1,030 keys" in first and "Page 1 of 42" in first
+        assert "bulk-0000" in first and "bulk-0025" not in first  # 25 a page, oldest first
+        last = (await client.get("/ui/keys", params={"page": "42"})).text
+        assert "bulk-1029" in last and "Page 42 of 42" in last and "Next" not in last
+        found = (await client.get("/ui/keys", params={"q": "BULK-1029"})).text
+        assert "1 key matching" in found and "bulk-1029" in found

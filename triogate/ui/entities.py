@@ -81,17 +81,28 @@ INFO_PARAM = {"keys": "key", "teams": "team_id", "users": "user_id",
 
 #: The most rows a list page reads from the admin API (its own maximum).
 LIST_MAX = 1000
+#: Rows a list page reads at most (search filters them in memory): 20 API pages.
+SCAN_MAX = 20_000
 
 
 async def list_rows(services: Services, kind: Kind) -> list[dict[str, Any]]:
-    """Every row of ``kind`` (up to :data:`LIST_MAX`) through the admin API's ``list``."""
-    query = {"size": str(LIST_MAX)}
-    if kind.name == "keys":
-        query["return_full_object"] = "true"
-    data = await bridge.call(services, kind.name, "list", query=query)
-    if isinstance(data, dict):
-        data = data.get("keys") or data.get("users") or []
-    return [r for r in data if isinstance(r, dict)]
+    """Every row of ``kind`` through the admin API's ``list``, a page of
+    :data:`LIST_MAX` at a time, up to :data:`SCAN_MAX` rows (oldest first)."""
+    out: list[dict[str, Any]] = []
+    page = 1
+    while len(out) < SCAN_MAX:
+        query = {"size": str(LIST_MAX), "page": str(page)}
+        if kind.name == "keys":
+            query["return_full_object"] = "true"
+        data = await bridge.call(services, kind.name, "list", query=query)
+        if isinstance(data, dict):
+            data = data.get("keys") or data.get("users") or []
+        rows = [r for r in data if isinstance(r, dict)]
+        out.extend(rows)
+        if len(data) < LIST_MAX:
+            break
+        page += 1
+    return out[:SCAN_MAX]
 
 
 async def info(services: Services, kind: Kind, ident: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from triogate.ui import bridge, forms
 from triogate.ui.bridge import UiError
-from triogate.ui.entities import KINDS, Kind, columns, info, list_rows, matches
+from triogate.ui.entities import KINDS, SCAN_MAX, Kind, columns, info, list_rows, matches
 from triogate.ui.html import Html, csrf_input, el, pager, table
 from triogate.ui.layout import Flash, section
 from triogate.ui.pages_detail import detail
@@ -38,7 +38,8 @@ async def list_page(ctx: Ctx) -> Response:
     kind = kind_of(ctx)
     q = ctx.query.get("q", "").strip()[:200]
     try:
-        rows = [r for r in await list_rows(ctx.services, kind) if matches(kind, r, q)]
+        every = await list_rows(ctx.services, kind)
+        rows = [r for r in every if matches(kind, r, q)]
     except UiError as exc:
         return ctx.page(kind.plural, Html(""), active=kind.name, status=exc.status,
                         flashes=(Flash(text=exc.message, kind="error"),))
@@ -54,8 +55,10 @@ async def list_page(ctx: Ctx) -> Response:
                 method="get", action=f"/ui/{kind.name}", class_="search", role="search")
     new = (el("a", f"New {kind.singular}", href=f"/ui/{kind.name}/new", class_="btn primary")
            if ctx.principal and ctx.principal.can("write") else None)
-    count = el("p", f"{len(rows)} {kind.plural.lower()}" + (f" matching “{q}”" if q else ""),
-               class_="note")
+    capped = f" (searched the first {SCAN_MAX:,})" if len(every) >= SCAN_MAX else ""
+    noun = kind.singular if len(rows) == 1 else kind.plural.lower()
+    count = el("p", f"{len(rows):,} {noun}" + (f" matching “{q}”" if q else "")
+               + capped, class_="note")
     body = section(kind.plural, search, count,
                    table(headers, [cells(r) for r in shown],
                          empty=f"No {kind.plural.lower()} yet."),
