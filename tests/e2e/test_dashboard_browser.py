@@ -82,7 +82,22 @@ def tab_reaches(page: Any, text: str, *, presses: int = 60) -> bool:
     return False
 
 
+def fits(page: Any) -> list[str]:
+    """What does not fit the 1280 px window: the page itself, or a table that scrolls."""
+    return page.evaluate("""() => {
+        const out = [];
+        const root = document.documentElement;
+        if (root.scrollWidth > window.innerWidth) out.push('page ' + root.scrollWidth + ' px');
+        document.querySelectorAll('.table-wrap').forEach(w => {
+            if (w.scrollWidth > w.clientWidth + 1)
+                out.push('table "' + (w.querySelector('th') || {}).textContent + '..." '
+                         + w.scrollWidth + ' px in ' + w.clientWidth);
+        });
+        return out; }""")
+
+
 def shot(page: Any, name: str) -> None:
+    assert fits(page) == [], f"{name}: {fits(page)}"  # no clipped column, no sideways page
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
@@ -94,7 +109,13 @@ def browse(base: str) -> dict[str, Any]:
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
             # Only the dashboard's own confirmations may open a dialog; alert(1) must not.
-            page.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.accept()))
+            def answer(dialog: Any) -> None:
+                seen["dialogs"].append(dialog.message)
+                if seen.get("dismiss"):
+                    dialog.dismiss()
+                else:
+                    dialog.accept()
+            page.on("dialog", answer)
             flow(page, base, seen)
         finally:
             browser.close()
@@ -145,6 +166,12 @@ def flow(page: Any, base: str, seen: dict[str, Any]) -> None:
     page.click("button:has-text('Copy')")
     page.wait_for_selector("button:has-text('Copied')")
     shot(page, "key-created")
+
+    # A key to delete later.
+    page.goto(f"{base}/ui/keys/new")
+    page.fill("#f-key_alias", "ui-spare")
+    page.click("button:has-text('Create key')")
+    assert page.inner_text("#new-key").startswith("sk-")
 
     # A second key whose alias is a script: text everywhere, never run.
     page.goto(f"{base}/ui/keys/new")
@@ -226,6 +253,18 @@ def flow(page: Any, base: str, seen: dict[str, Any]) -> None:
     text = page.content()
     assert MASTER_KEY not in text and UPSTREAM_KEY not in text and "redacted" in text
     shot(page, "config")
+
+    # Deleting asks first: dismissed, the key stays; confirmed, it is gone.
+    page.goto(f"{base}/ui/keys")
+    page.click("a:has-text('ui-spare')")
+    seen["dismiss"] = True
+    page.click("button:has-text('Delete key')")
+    assert seen["dialogs"][-1].startswith("Delete this key?")
+    assert "ui-spare" in page.inner_text("h1")
+    seen["dismiss"] = False
+    page.click("button:has-text('Delete key')")
+    page.wait_for_url(f"{base}/ui/keys")
+    assert "Deleted" in page.inner_text("main") and "ui-spare" not in page.inner_text("main")
 
     # Sign out: the session is gone.
     page.click("button:has-text('Sign out')")

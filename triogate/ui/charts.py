@@ -122,7 +122,7 @@ def stacked_bars(
         every = max(1, len(columns) // 10)
         last = len(columns) - 1
         # Every few days a date, and the last day's; none crowding the last.
-        if (i % every == 0 and (i == last or last - i >= max(2, every // 2 + 1))) or i == last:
+        if (i % every == 0 and last - i >= every) or i == last:
             parts.append(el("text", column[5:] if len(column) == 10 else column,
                             x=f"{x + bar_w / 2:.1f}", y=_H - _BOTTOM + 16, text_anchor="middle",
                             font_size=_font(width), fill="#5b6670"))

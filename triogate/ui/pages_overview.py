@@ -64,7 +64,7 @@ async def overview(ctx: Ctx) -> Response:
         note="triogate's signature: every check of a request shares one round trip per "
              "dependency level. With the identity cached a request waits once before the "
              "model call and once after (green bars); an established gateway waits 8 to 22 "
-             f"times. Requests since each process started, {who}.")
+             f"times. Counted since each process started ({who}).")
     degraded_rows = [(check, number(count)) for check, count in sorted(figures.degraded.items())]
     hosts = {w.get("host") for w in workers}
     queues = table(

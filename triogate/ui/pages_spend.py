@@ -147,7 +147,15 @@ def _log_row(r: SpendLogRow) -> list[Any]:
     return [when(r.start_time_ms), key, r.team_id or "—", r.user_id or "—",
             r.model_group or "—", r.status, "hit" if r.cache_hit else "",
             number(r.input_tokens), number(r.output_tokens), usd(r.cost_nanousd),
-            f"{r.latency_ms:,} ms", el("code", r.request_id)]
+            f"{r.latency_ms:,} ms", _short_id(r.request_id)]
+
+
+def _short_id(request_id: str) -> Html:
+    # 32 hex digits would push the table past a laptop's width: the first 12 (the whole
+    # id on hover, and in the CSV export).
+    if len(request_id) <= 13:
+        return el("code", request_id)
+    return el("code", request_id[:12] + "…", title=request_id)
 
 
 async def spend(ctx: Ctx) -> Response:
