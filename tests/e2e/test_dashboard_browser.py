@@ -254,6 +254,13 @@ def flow(page: Any, base: str, seen: dict[str, Any]) -> None:
     assert MASTER_KEY not in text and UPSTREAM_KEY not in text and "redacted" in text
     shot(page, "config")
 
+    # The other lists and forms: labelled, and within the window.
+    for path in ("/ui/teams", "/ui/users", "/ui/customers", "/ui/tags", "/ui/users/new",
+                 "/ui/customers/new", "/ui/tags/new"):
+        page.goto(f"{base}{path}")
+        assert unlabelled_inputs(page) == [], path
+        assert fits(page) == [], path
+
     # Deleting asks first: dismissed, the key stays; confirmed, it is gone.
     page.goto(f"{base}/ui/keys")
     page.click("a:has-text('ui-spare')")
