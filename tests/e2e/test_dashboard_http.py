@@ -400,3 +400,55 @@ async def test_lists_page_through_more_rows_than_one_api_page(gateway: Gateway) 
         assert "bulk-1029" in last and "Page 42 of 42" in last and "Next" not in last
         found = (await client.get("/ui/keys", params={"q": "BULK-1029"})).text
         assert "1 key matching" in found and "bulk-1029" in found
+
+
+async def test_a_team_admin_manages_its_teams_keys_and_nothing_else(gateway: Gateway) -> None:
+    admin_api = {"authorization": f"Bearer {MASTER_KEY}"}
+    async with httpx.AsyncClient(base_url=gateway.url, headers=admin_api) as api:
+        assert (await api.post("/user/new", json={"user_id": "tina"})).status_code == 200
+        for team, members in (("pay", [{"user_id": "tina", "role": "admin"}]), ("other", [])):
+            r = await api.post("/team/new", json={"team_id": team, "members_with_roles": members})
+            assert r.status_code == 200, r.text
+        tina = (await api.post("/key/generate", json={"user_id": "tina",
+                                                      "key_alias": "tina-key"})).json()["key"]
+        mine = (await api.post("/key/generate", json={"team_id": "pay",
+                                                      "key_alias": "pay-1"})).json()
+        theirs = (await api.post("/key/generate", json={"team_id": "other",
+                                                        "key_alias": "other-1"})).json()
+    store = gateway.services.store
+    assert store is not None
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await sign_in(client, tina)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/teams"
+        teams = (await client.get("/ui/teams")).text
+        assert "pay" in teams and "other" not in teams and "New team" not in teams
+        keys = (await client.get("/ui/keys")).text
+        assert "pay-1" in keys and "other-1" not in keys and "New key" in keys
+        team_page = (await client.get("/ui/teams/view", params={"id": "pay"})).text
+        assert "New key for this team" in team_page and "Save changes" not in team_page
+        for path in ("/ui/spend", "/ui/config", "/ui/users", "/ui/teams/new"):
+            assert (await client.get(path)).status_code == 403, path
+        other = await client.get("/ui/keys/view", params={"id": theirs["token"]})
+        assert other.status_code == 404 and "other-1" not in other.text  # as the API: unseen
+        page = await client.get("/ui/keys/view", params={"id": mine["token"]})
+        assert page.status_code == 200 and "Save changes" in page.text
+        csrf = token(page.text)
+        # Its team's key: blocked. Another team's: refused by the admin API, unchanged.
+        r = await client.post("/ui/keys/block", data={"csrf": csrf, "id": mine["token"]})
+        assert r.status_code == 303
+        r = await client.post("/ui/keys/block", data={"csrf": csrf, "id": theirs["token"]})
+        assert r.status_code == 303
+        found = await store.get_keys([mine["token"], theirs["token"]])
+        assert found[mine["token"]].blocked and not found[theirs["token"]].blocked
+        # A key for its team: created; for another team: refused, nothing created.
+        r = await client.post("/ui/keys/new", data={"csrf": csrf, "team_id": "pay",
+                                                    "key_alias": "pay-2"})
+        assert r.status_code == 200 and 'id="new-key"' in r.text
+        r = await client.post("/ui/keys/new", data={"csrf": csrf, "team_id": "other",
+                                                    "key_alias": "other-2"})
+        assert r.status_code == 403 and 'id="new-key"' not in r.text
+        assert (await store.list_keys(key_alias="other-2"))[1] == 0
+        assert (await store.list_keys(key_alias="pay-2"))[1] == 1
+        assert (await client.post("/ui/teams/delete", data={
+            "csrf": csrf, "id": "other"})).status_code == 403
+        assert "other" in await store.get_teams(["other"])

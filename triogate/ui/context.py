@@ -15,6 +15,7 @@ from triogate.ui.layout import Flash, html_response, page
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services
     from triogate.ui.stats import Sampler
@@ -35,6 +36,12 @@ class Ctx:
     session: sess.Session | None = None
     form: Mapping[str, str] = attrs.field(factory=dict)
     flashes: tuple[Flash, ...] = ()
+
+    @property
+    def caller(self) -> Caller:
+        """Who the admin API sees for the signed-in person."""
+        assert self.principal is not None
+        return self.principal.caller
 
     @property
     def csrf(self) -> str:

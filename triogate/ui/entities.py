@@ -17,6 +17,7 @@ from triogate.ui.html import Html, badge, el, url, usd, when
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from triogate.api.admin.roles import Caller
     from triogate.api.services import Services
 
 
@@ -85,16 +86,28 @@ LIST_MAX = 1000
 SCAN_MAX = 20_000
 
 
-async def list_rows(services: Services, kind: Kind) -> list[dict[str, Any]]:
-    """Every row of ``kind`` through the admin API's ``list``, a page of
-    :data:`LIST_MAX` at a time, up to :data:`SCAN_MAX` rows (oldest first)."""
+async def list_rows(services: Services, kind: Kind, caller: Caller) -> list[dict[str, Any]]:
+    """Every row of ``kind`` that ``caller`` may list, through the admin API's ``list``, a
+    page of :data:`LIST_MAX` at a time, up to :data:`SCAN_MAX` rows (oldest first).
+
+    A team admin who sees not everything lists its teams' keys, team by team."""
+    if kind.name == "keys" and not caller.sees_all and caller.admin_of:
+        out: list[dict[str, Any]] = []
+        for team in sorted(caller.admin_of):
+            out.extend(await _list_pages(services, kind, caller, {"team_id": team}))
+        return out[:SCAN_MAX]
+    return await _list_pages(services, kind, caller, {})
+
+
+async def _list_pages(services: Services, kind: Kind, caller: Caller,
+                      extra: Mapping[str, str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     page = 1
     while len(out) < SCAN_MAX:
-        query = {"size": str(LIST_MAX), "page": str(page)}
+        query = {"size": str(LIST_MAX), "page": str(page), **extra}
         if kind.name == "keys":
             query["return_full_object"] = "true"
-        data = await bridge.call(services, kind.name, "list", query=query)
+        data = await bridge.call(services, kind.name, "list", caller=caller, query=query)
         if isinstance(data, dict):
             data = data.get("keys") or data.get("users") or []
         rows = [r for r in data if isinstance(r, dict)]
@@ -105,9 +118,11 @@ async def list_rows(services: Services, kind: Kind) -> list[dict[str, Any]]:
     return out[:SCAN_MAX]
 
 
-async def info(services: Services, kind: Kind, ident: str) -> dict[str, Any]:
-    """The admin API's ``info`` for one row, flattened (LiteLLM nests teams and users)."""
-    data = await bridge.call(services, kind.name, "info", query={INFO_PARAM[kind.name]: ident})
+async def info(services: Services, kind: Kind, ident: str, caller: Caller) -> dict[str, Any]:
+    """The admin API's ``info`` for one row as ``caller`` may read it, flattened (LiteLLM
+    nests teams and users)."""
+    data = await bridge.call(services, kind.name, "info", caller=caller,
+                             query={INFO_PARAM[kind.name]: ident})
     if kind.name == "keys":
         return dict(data.get("info") or {})
     for nested in ("team_info", "user_info"):

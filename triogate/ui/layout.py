@@ -28,8 +28,8 @@ SECURITY_HEADERS: Mapping[str, str] = {
 
 NAV = (
     ("overview", "/ui", "Overview", "read"),
-    ("keys", "/ui/keys", "Keys", "read"),
-    ("teams", "/ui/teams", "Teams", "read"),
+    ("keys", "/ui/keys", "Keys", "read team"),
+    ("teams", "/ui/teams", "Teams", "read team"),
     ("users", "/ui/users", "Users", "read"),
     ("customers", "/ui/customers", "Customers", "read"),
     ("tags", "/ui/tags", "Tags", "read"),
@@ -75,8 +75,8 @@ def page(title: str, content: Html, *, principal: UiPrincipal, csrf: str, active
     """A signed-in page: the navigation the principal may use, the title, the content."""
     links = []
     for name, href, label, need in NAV:
-        allowed = (principal.can("read") if need == "read"
-                   else principal.key_hash is not None)
+        allowed = (principal.key_hash is not None if need == "self-only"
+                   else any(principal.can(a) for a in need.split()))  # type: ignore[arg-type]
         if allowed:
             links.append(el("li", el("a", label, href=href,
                                      aria_current="page" if name == active else None)))

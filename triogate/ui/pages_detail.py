@@ -160,6 +160,15 @@ def _edit(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Html:
     return Html(section("Edit", form) + section("Actions", el("div", buttons, class_="actions")))
 
 
+def may_change(ctx: Ctx, kind: Kind, row: Mapping[str, Any]) -> bool:
+    """Whether to offer the edit form and actions (the admin API checks again)."""
+    p = ctx.principal
+    if p is None:
+        return False
+    return p.can("write") or (kind.name == "keys" and p.can("team")
+                              and row.get("team_id") in p.caller.admin_of)
+
+
 async def detail(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Response:
     """The page of one row (``row``: the admin API's ``info``)."""
     now_ms = ctx.services.clock_ms()
@@ -180,8 +189,13 @@ async def detail(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Re
             [(el("a", k.label(r), href=k.view_url(k.ident(r))), el("code", r.get("key_hint")),
               budget_text(r), status(r, now_ms)) for r in keys],
             empty=f"This {kind.singular} has no keys.")))
-    if ctx.principal is not None and ctx.principal.can("write"):
+    if may_change(ctx, kind, row):
         parts.append(_edit(ctx, kind, ident, row))
+    elif (kind.name == "teams" and ctx.principal is not None
+          and ident in ctx.principal.caller.admin_of):
+        parts.append(section("Keys of this team", el("a", "New key for this team",
+                                                     href=url("/ui/keys/new", team_id=ident),
+                                                     class_="btn primary")))
     return ctx.page(f"{kind.singular.title()} {kind.label(row)}", Html("".join(parts)),
                     active=kind.name)
 
@@ -190,5 +204,5 @@ async def own_key(ctx: Ctx) -> Response:
     """GET /ui/mine: a virtual key's own page (read-only)."""
     assert ctx.principal is not None and ctx.principal.key_hash is not None
     kind = KINDS["keys"]
-    row = await info(ctx.services, kind, ctx.principal.key_hash)
+    row = await info(ctx.services, kind, ctx.principal.key_hash, ctx.caller)
     return await detail(ctx, kind, ctx.principal.key_hash, row)

@@ -38,7 +38,7 @@ async def list_page(ctx: Ctx) -> Response:
     kind = kind_of(ctx)
     q = ctx.query.get("q", "").strip()[:200]
     try:
-        every = await list_rows(ctx.services, kind)
+        every = await list_rows(ctx.services, kind, ctx.caller)
         rows = [r for r in every if matches(kind, r, q)]
     except UiError as exc:
         return ctx.page(kind.plural, Html(""), active=kind.name, status=exc.status,
@@ -53,8 +53,10 @@ async def list_page(ctx: Ctx) -> Response:
                            class_="field"),
                 el("button", "Search", type="submit", class_="btn"),
                 method="get", action=f"/ui/{kind.name}", class_="search", role="search")
+    may_create = ctx.principal is not None and (
+        ctx.principal.can("write") or (kind.name == "keys" and ctx.principal.can("team")))
     new = (el("a", f"New {kind.singular}", href=f"/ui/{kind.name}/new", class_="btn primary")
-           if ctx.principal and ctx.principal.can("write") else None)
+           if may_create else None)
     capped = f" (searched the first {SCAN_MAX:,})" if len(every) >= SCAN_MAX else ""
     noun = kind.singular if len(rows) == 1 else kind.plural.lower()
     count = el("p", f"{len(rows):,} {noun}" + (f" matching “{q}”" if q else "")
@@ -87,7 +89,10 @@ def _new_form(ctx: Ctx, kind: Kind, values: dict[str, Any] | None = None) -> Htm
 async def new_page(ctx: Ctx) -> Response:
     """GET /ui/<kind>/new."""
     kind = kind_of(ctx)
-    return ctx.page(f"New {kind.singular}", section("Details", _new_form(ctx, kind)),
+    # A team's page links here with its team_id filled in.
+    values = ({"team_id": ctx.query["team_id"][:200]}
+              if kind.name == "keys" and ctx.query.get("team_id") else None)
+    return ctx.page(f"New {kind.singular}", section("Details", _new_form(ctx, kind, values)),
                     active=kind.name)
 
 
@@ -100,11 +105,13 @@ async def create(ctx: Ctx) -> Response:
             name = forms.ID_FIELDS[kind.name][0]
             if ctx.form.get(name, "").strip():
                 body[name] = ctx.form[name].strip()
-        created = await bridge.call(ctx.services, kind.name, "new", body=body)
+        created = await bridge.call(ctx.services, kind.name, "new", caller=ctx.caller,
+                                    body=body)
     except (UiError, forms.FormError) as exc:
         message = exc.message if isinstance(exc, UiError) else str(exc)
         return ctx.page(f"New {kind.singular}", section("Details", _new_form(ctx, kind,
-                        dict(ctx.form))), active=kind.name, status=400,
+                        dict(ctx.form))), active=kind.name,
+                        status=exc.status if isinstance(exc, UiError) else 400,
                         flashes=(Flash(text=message, kind="error"),))
     ident = kind.ident(created)
     if kind.name != "keys":
@@ -127,7 +134,7 @@ async def view(ctx: Ctx) -> Response:
     kind = kind_of(ctx)
     ident = ctx.query.get("id", "")
     try:
-        row = await info(ctx.services, kind, ident) if ident else None
+        row = await info(ctx.services, kind, ident, ctx.caller) if ident else None
     except UiError as exc:
         return ctx.page(kind.plural, Html(""), active=kind.name, status=exc.status,
                         flashes=(Flash(text=exc.message, kind="error"),))
@@ -150,7 +157,7 @@ async def change(ctx: Ctx) -> Response:
             body = {kind.delete_field: [ident]}
         else:
             body = {kind.ref: ident}
-        await bridge.call(ctx.services, kind.name, verb, body=body)
+        await bridge.call(ctx.services, kind.name, verb, caller=ctx.caller, body=body)
     except (UiError, forms.FormError) as exc:
         message = exc.message if isinstance(exc, UiError) else str(exc)
         return ctx.redirect(back, flash=Flash(text=message, kind="error"))

@@ -37,23 +37,29 @@ logger = logging.getLogger("triogate.ui")
 
 MAX_FORM_BYTES = 64 * 1024
 _KINDS = ("keys", "teams", "users", "customers", "tags")
+#: The kinds a team admin reaches (its teams, their keys).
+TEAM_KINDS = ("keys", "teams")
 
-#: (method, path) → (view, what the principal must be allowed: read / write / self).
-VIEWS: dict[tuple[str, str], tuple[View, sess.Action]] = {
-    ("GET", "/ui"): (pages_overview.overview, "read"),
-    ("GET", "/ui/spend"): (pages_spend.spend, "read"),
-    ("GET", "/ui/spend.csv"): (pages_spend.spend_csv, "read"),
-    ("GET", "/ui/deployments"): (pages_system.deployments, "read"),
-    ("GET", "/ui/config"): (pages_system.config_page, "read"),
-    ("GET", "/ui/mine"): (pages_detail.own_key, "self"),
+#: (method, path) → (view, what the principal must be allowed, one of: read / write /
+#: self / team). Team admins reach their teams and their teams' keys; the admin API then
+#: decides which rows (``bridge.call`` runs it as the signed-in person).
+VIEWS: dict[tuple[str, str], tuple[View, tuple[sess.Action, ...]]] = {
+    ("GET", "/ui"): (pages_overview.overview, ("read",)),
+    ("GET", "/ui/spend"): (pages_spend.spend, ("read",)),
+    ("GET", "/ui/spend.csv"): (pages_spend.spend_csv, ("read",)),
+    ("GET", "/ui/deployments"): (pages_system.deployments, ("read",)),
+    ("GET", "/ui/config"): (pages_system.config_page, ("read",)),
+    ("GET", "/ui/mine"): (pages_detail.own_key, ("self",)),
 }
 for _kind in _KINDS:
-    VIEWS[("GET", f"/ui/{_kind}")] = (pages_entities.list_page, "read")
-    VIEWS[("GET", f"/ui/{_kind}/view")] = (pages_entities.view, "read")
-    VIEWS[("GET", f"/ui/{_kind}/new")] = (pages_entities.new_page, "write")
-    VIEWS[("POST", f"/ui/{_kind}/new")] = (pages_entities.create, "write")
+    _reads: tuple[sess.Action, ...] = ("read", "team") if _kind in TEAM_KINDS else ("read",)
+    _writes: tuple[sess.Action, ...] = ("write", "team") if _kind == "keys" else ("write",)
+    VIEWS[("GET", f"/ui/{_kind}")] = (pages_entities.list_page, _reads)
+    VIEWS[("GET", f"/ui/{_kind}/view")] = (pages_entities.view, _reads)
+    VIEWS[("GET", f"/ui/{_kind}/new")] = (pages_entities.new_page, _writes)
+    VIEWS[("POST", f"/ui/{_kind}/new")] = (pages_entities.create, _writes)
     for _verb in ("update", "block", "unblock", "delete"):
-        VIEWS[("POST", f"/ui/{_kind}/{_verb}")] = (pages_entities.change, "write")
+        VIEWS[("POST", f"/ui/{_kind}/{_verb}")] = (pages_entities.change, _writes)
 
 STATIC = {"/ui/static/app.css": "text/css; charset=utf-8",
           "/ui/static/app.js": "text/javascript; charset=utf-8"}
@@ -101,13 +107,13 @@ class Dashboard:
             if path == "/ui/logout":
                 await sess.revoke(services, session, now_s=time.time())
                 return _sign_out(ctx)
-        if path == "/ui" and not principal.can("read") and principal.can("self"):
-            return ctx.redirect("/ui/mine")
+        if path == "/ui" and not principal.can("read"):
+            return ctx.redirect(_home(principal))
         found = VIEWS.get((request.method, path))
         if found is None:
             return _plain(404 if not any(p == path for _, p in VIEWS) else 405, "Not found.")
         view, need = found
-        if not principal.can(need):
+        if not principal.can_any(need):
             return _plain(403, "Your role does not allow this page.")
         try:
             return await view(ctx)
@@ -211,13 +217,18 @@ async def _sign_in(ctx: Ctx, cookies: dict[str, str]) -> Response:
         return _sign_in_page(ctx, cookies, status=401,
                              error="That key cannot sign in (unknown, blocked or expired).")
     _, value = sess.new_session(ctx.secret, principal, now_s=time.time())
-    to = _next(form.get("next", "/ui")) if principal.can("read") else "/ui/mine"
+    to = _next(form.get("next", "/ui")) if principal.can("read") else _home(principal)
     logger.info("dashboard: signed in", extra={"role": principal.role})
     headers = {"location": to}
     response = Response(b"", status=303, content_type="text/plain", headers=headers)
     response.headers["set-cookie"] = sess.cookie(sess.COOKIE, value,
                                                  max_age_s=sess.SESSION_TTL_S, secure=ctx.secure)
     return response
+
+
+def _home(principal: sess.UiPrincipal) -> str:
+    """Where a principal that may not read every page starts."""
+    return "/ui/teams" if principal.can("team") else "/ui/mine"
 
 
 def _sign_out(ctx: Ctx) -> Response:

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal, final
 import attrs
 import orjson
 
+from triogate.api.admin import roles
+from triogate.api.admin.roles import Caller
 from triogate.api.auth import is_master
 from triogate.batch import BackendUnavailable
 from triogate.store import hash_key
@@ -49,15 +51,16 @@ PRE_COOKIE = "triogate_ui_pre"
 SESSION_TTL_S = 8 * 3600
 PRE_TTL_S = 3600
 
-Action = Literal["read", "write", "self"]
+Action = Literal["read", "write", "self", "team"]
 
-#: What each role may do: ``read`` every page, ``write`` change things, ``self`` its own key.
+#: What each role may do: ``read`` every page, ``write`` change things, ``self`` its own
+#: key, ``team`` the teams it administers and their keys (the admin API decides which rows).
 ROLE_ACTIONS: Mapping[str, frozenset[str]] = {
     "proxy_admin": frozenset({"read", "write", "self"}),
     "proxy_admin_viewer": frozenset({"read", "self"}),
     "internal_user": frozenset({"self"}),
     "internal_user_viewer": frozenset({"self"}),
-    "team_admin": frozenset({"self"}),
+    "team_admin": frozenset({"self", "team"}),
     "key": frozenset({"self"}),
 }
 
@@ -78,9 +81,14 @@ class UiPrincipal:
     role: str
     label: str
     key_hash: str | None = None
+    #: Who the admin API sees when this principal changes or reads something.
+    caller: Caller = attrs.field(default=roles.MASTER, eq=False, repr=False)
 
     def can(self, action: Action) -> bool:
         return action in ROLE_ACTIONS.get(self.role, frozenset())
+
+    def can_any(self, actions: tuple[Action, ...]) -> bool:
+        return any(self.can(a) for a in actions)
 
 
 MASTER = UiPrincipal(subject="master", role="proxy_admin", label="master key")
@@ -111,19 +119,30 @@ async def principal_of(services: Services, subject: str) -> UiPrincipal | None:
     expires = row.expires_at_ms
     if expires is not None and expires <= services.clock_ms():
         return None
-    role = "key"
+    # The admin API's rule (roles.resolve_caller): a key acts with its user's role, an
+    # internal user when the user has none; a blocked user's keys sign in to nothing. A
+    # user who is an admin of teams manages those teams' keys here.
+    api_role, user, admin_of, member_of = roles.KEY, None, set(), set()
     if row.user_id is not None:
-        # The admin API's rule (roles.resolve_caller): a key acts with its user's role,
-        # an internal user when the user has none; a blocked user's keys sign in to nothing.
         user = (await services.store.get_users([row.user_id])).get(row.user_id)
         if user is not None:
             if user.blocked:
                 return None
-            role = user.user_role or "internal_user"
+            api_role = user.user_role or roles.INTERNAL
+            for m in await services.store.memberships(row.user_id):
+                member_of.add(m.team_id)
+                if m.role == "admin":
+                    admin_of.add(m.team_id)
+    caller = Caller(role=api_role, key_hash=subject, user_id=row.user_id, team_id=row.team_id,
+                    user=user, admin_of=frozenset(admin_of), member_of=frozenset(member_of))
+    role = api_role
+    if role not in (roles.ADMIN, roles.VIEWER) and admin_of:
+        role = "team_admin"
     label = row.key_alias or row.key_hint or "virtual key"
-    if role in ("proxy_admin", "proxy_admin_viewer"):
+    if role != "key":
         label = f"{label} ({role.replace('_', ' ')})"
-    return UiPrincipal(subject=subject, role=role, label=label, key_hash=subject)
+    return UiPrincipal(subject=subject, role=role, label=label, key_hash=subject,
+                       caller=caller)
 
 
 def secret_of(services: Services) -> bytes:
