@@ -426,6 +426,7 @@ async def test_a_team_admin_manages_its_teams_keys_and_nothing_else(gateway: Gat
         assert "pay-1" in keys and "other-1" not in keys and "New key" in keys
         team_page = (await client.get("/ui/teams/view", params={"id": "pay"})).text
         assert "New key for this team" in team_page and "Save changes" not in team_page
+        assert "<td>tina</td>" in team_page and "<td>admin</td>" in team_page  # members, roles
         for path in ("/ui/spend", "/ui/config", "/ui/users", "/ui/teams/new"):
             assert (await client.get(path)).status_code == 403, path
         other = await client.get("/ui/keys/view", params={"id": theirs["token"]})

@@ -189,6 +189,15 @@ async def detail(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Re
             [(el("a", k.label(r), href=k.view_url(k.ident(r))), el("code", r.get("key_hint")),
               budget_text(r), status(r, now_ms)) for r in keys],
             empty=f"This {kind.singular} has no keys.")))
+    members = row.get("members_with_roles")
+    if kind.name == "teams" and isinstance(members, list):
+        u = KINDS["users"]
+        parts.append(section("Members", table(
+            ("User", "Email", "Role in the team"),
+            [((el("a", m.get("user_id"), href=u.view_url(str(m.get("user_id"))))
+               if can_read else m.get("user_id")), m.get("user_email") or "—",
+              m.get("role") or "user") for m in members if isinstance(m, dict)],
+            empty="No members: add them with /team/member_add.")))
     if may_change(ctx, kind, row):
         parts.append(_edit(ctx, kind, ident, row))
     elif (kind.name == "teams" and ctx.principal is not None
