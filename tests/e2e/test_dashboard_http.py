@@ -453,3 +453,26 @@ async def test_a_team_admin_manages_its_teams_keys_and_nothing_else(gateway: Gat
         assert (await client.post("/ui/teams/delete", data={
             "csrf": csrf, "id": "other"})).status_code == 403
         assert "other" in await store.get_teams(["other"])
+
+
+async def test_a_create_form_sent_twice_creates_once(gateway: Gateway) -> None:
+    # Reloading the page that shows a new key posts its form again.
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        form = (await client.get("/ui/keys/new")).text
+        once = re.search(r'name="once" value="([^"]+)"', form)
+        assert once
+        data = {"csrf": token(form), "once": once.group(1), "max_budget": "1"}
+        first = await client.post("/ui/keys/new", data=data)
+        assert first.status_code == 200 and 'id="new-key"' in first.text
+        again = await client.post("/ui/keys/new", data=data)
+        assert again.status_code == 303 and again.headers["location"] == "/ui/keys"
+        assert "already sent" in (await client.get("/ui/keys")).text
+        assert await key_count(gateway) == 1
+        # A refused form is shown again with a new token, so it can be corrected and sent.
+        bad = await client.post("/ui/keys/new", data={**data, "once": "t2", "rpm_limit": "x"})
+        assert bad.status_code == 400
+        retry = re.search(r'name="once" value="([^"]+)"', bad.text)
+        assert retry and retry.group(1) != "t2"
+        ok = await client.post("/ui/keys/new", data={**data, "once": retry.group(1)})
+        assert ok.status_code == 200 and await key_count(gateway) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from triogate.ui import bridge, forms
+from triogate.ui import session as sess
 from triogate.ui.bridge import UiError
 from triogate.ui.entities import KINDS, SCAN_MAX, Kind, columns, info, list_rows, matches
 from triogate.ui.html import Html, csrf_input, el, pager, table
@@ -78,7 +79,8 @@ def _new_form(ctx: Ctx, kind: Kind, values: dict[str, Any] | None = None) -> Htm
                                   required=required, autocomplete="off"),
                                el("small", "Generated when left empty.") if not required
                                else None, class_="field"), class_="form-grid")
-    return el("form", csrf_input(ctx.csrf), id_part,
+    return el("form", csrf_input(ctx.csrf),
+              el("input", type="hidden", name="once", value=sess.once_token()), id_part,
               forms.render_fields(kind.name, values, creating=True),
               el("div", el("button", f"Create {kind.singular}", type="submit",
                            class_="btn primary"),
@@ -99,6 +101,10 @@ async def new_page(ctx: Ctx) -> Response:
 async def create(ctx: Ctx) -> Response:
     """POST /ui/<kind>/new."""
     kind = kind_of(ctx)
+    if not await sess.use_once(ctx.services, ctx.form.get("once", "")):
+        return ctx.redirect(f"/ui/{kind.name}", flash=Flash(
+            text=f"That form was already sent: the {kind.singular} was created once, not "
+                 "twice. Find it in this list.", kind="info"))
     try:
         body = forms.body_of(kind.name, ctx.form, creating=True)
         if kind.name in forms.ID_FIELDS:

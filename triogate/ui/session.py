@@ -325,3 +325,26 @@ async def note_failed_sign_in(services: Services, client: str) -> None:
         # SET NX starts the minute (any Redis version); INCR keeps the expiry.
         await services.backends["counters"].execute(
             [("SET", key, "0", "PX", 60_000, "NX"), ("INCR", key)])
+
+
+#: A create form's one-time token, once used (a reload of the page that showed a new key
+#: would post the form again and create a second one).
+ONCE_KEY = "tg:ui:once:{token}"
+ONCE_TTL_MS = PRE_TTL_S * 1000 * 8
+
+
+def once_token() -> str:
+    return secrets.token_urlsafe(12)
+
+
+async def use_once(services: Services, token: str) -> bool:
+    """Mark ``token`` used; False if it was used before. Redis unreachable, or no token
+    (a script, not the form): True, the admin API's own checks still apply. A checkpoint."""
+    if not token:
+        return True
+    try:
+        [reply] = await services.backends["counters"].execute(
+            [("SET", ONCE_KEY.format(token=token[:64]), "1", "PX", ONCE_TTL_MS, "NX")])
+    except BackendUnavailable:
+        return True
+    return reply is not None and not isinstance(reply, Exception)
