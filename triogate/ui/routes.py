@@ -180,9 +180,9 @@ def _sign_in_page(ctx: Ctx, cookies: dict[str, str], *, status: int = 200,
     form = el("form", csrf_input(token), el("input", type="hidden", name="next", value=next_path),
               field("key", "Master key or virtual key", type_="password", required=True,
                     autocomplete="current-password", autofocus=True,
-                    hint="The master key, or a proxy_admin user's key, opens everything; a "
-                         "proxy_admin_viewer's key reads everything; any other key shows "
-                         "its own spend."),
+                    hint="The master key or a proxy_admin's key opens everything; a "
+                         "proxy_admin_viewer's key reads everything; a team admin's key "
+                         "manages its teams' keys; any other key shows its own spend."),
               el("button", "Sign in", type="submit", class_="btn primary"),
               method="post", action="/ui/login")
     body = document("Sign in", el("main", el("div", "triogate", class_="brand-big"),
