@@ -2,7 +2,8 @@
 
 Every label goes through :func:`~triogate.ui.html.el`, so a key alias in a legend is text.
 Each bar carries a ``<title>`` (the browser shows it on hover) and the chart an
-``aria-label``; a table next to the chart holds the same numbers for screen readers.
+``aria-label``; under each chart a ``<details>`` table holds the same numbers, for screen
+readers and for anyone who wants the figures (no script: the browser opens it).
 """
 
 from __future__ import annotations
@@ -132,7 +133,20 @@ def stacked_bars(
                 class_="legend")
     svg = el("svg", el("title", label), parts, viewBox=f"0 0 {width} {_H}", role="img",
              aria_label=label, class_="chart", preserveAspectRatio="xMidYMid meet")
-    return el("figure", svg, legend, class_="chart-figure")
+    names = [name for name, _ in shown]
+    rows = [[column, *(usd_exact(vals[i]) if vals[i] else "—" for _, vals in shown),
+             usd_exact(totals[i])] for i, column in enumerate(columns) if totals[i] > 0]
+    return el("figure", svg, legend, _numbers(label, ["Day", *names, "Total"], rows),
+              class_="chart-figure")
+
+
+def _numbers(label: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Html:
+    """The chart's figures as a table, folded under it."""
+    head = el("tr", [el("th", h, scope="col") for h in headers])
+    body = [el("tr", [el("td", c) for c in row]) for row in rows]
+    return el("details", el("summary", "The numbers"),
+              el("div", el("table", el("caption", label), el("thead", head), el("tbody", body)),
+                 class_="table-wrap"), class_="numbers")
 
 
 def _swatch(colour: str) -> Html:
@@ -163,5 +177,7 @@ def histogram(buckets: Sequence[tuple[str, float]], *, label: str, colour: str =
                         height=f"{max(h, 0.5 if count else 0):.1f}", fill=fill))
         parts.append(el("text", name, x=f"{x + bar_w / 2:.1f}", y=_H - _BOTTOM + 16,
                         text_anchor="middle", font_size=_font(_W), fill="#5b6670"))
-    return el("svg", el("title", label), parts, viewBox=f"0 0 {_W} {_H}", role="img",
-              aria_label=label, class_="chart")
+    svg = el("svg", el("title", label), parts, viewBox=f"0 0 {_W} {_H}", role="img",
+             aria_label=label, class_="chart")
+    return Html(svg + _numbers(label, ["Redis waits", "Requests"],
+                               [[name, f"{count:,.0f}"] for name, count in buckets if count]))

@@ -113,3 +113,16 @@ def test_the_axis_makes_room_for_its_longest_label() -> None:
         longest = max(len(fmt(top * i / 4)) for i in range(5))
         for width, font in ((720, 13), (1120, 11)):
             assert _left(top, fmt, width) >= longest * font * 0.6 + 6
+
+
+def test_each_chart_carries_its_numbers_as_a_table() -> None:
+    out = stacked_bars(["2026-11-30", "2026-12-01", "2026-12-02"],
+                       {"alpha": [0.5, 0.0, 1.25], "<b>": [0.1, 0.0, 0.0]}, label="By key")
+    table_part = out.split("<details", 1)[1]
+    assert "<summary>The numbers</summary>" in table_part
+    assert "2026-11-30" in table_part and "2026-12-02" in table_part
+    assert "2026-12-01" not in table_part  # a day without spend is left out
+    assert "$0.600000" in table_part and "$1.25" in table_part  # the day's total
+    assert "&lt;b&gt;" in table_part and "<b>" not in table_part
+    hist = histogram([("1", 7), ("2", 0), ("3", 2)], label="waits")
+    assert "<tr><td>1</td><td>7</td></tr>" in hist and "<tr><td>2</td>" not in hist
