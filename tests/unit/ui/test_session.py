@@ -164,3 +164,23 @@ def test_the_secret_follows_the_master_key(tmp_path: Path) -> None:
     assert sess.secret_of(one) == sess.secret_of(one)
     assert sess.secret_of(one) != sess.secret_of(two)
     assert b"sk-master-123" not in sess.secret_of(one)
+
+
+async def test_a_team_admin_signs_in_to_its_teams(tmp_path: Path, store: Store) -> None:
+    services: Any = _Services(config=_config(tmp_path), store=store)
+    await store.create_user(user_id="tina")
+    for team in ("pay", "ops"):
+        await store.create_team(team_id=team)
+    await store.change_team_members("pay", add=[("tina", "admin", None)])
+    await store.change_team_members("ops", add=[("tina", "user", None)])
+    raw, row = await store.create_key(user_id="tina")
+    who = await sess.ui_principal(services, raw)
+    assert who is not None and who.role == "team_admin"
+    assert who.can("team") and who.can("self") and not who.can("read")
+    assert who.caller.role == "internal_user" and who.caller.key_hash == row.token_hash
+    assert who.caller.admin_of == {"pay"} and who.caller.member_of == {"pay", "ops"}
+    # An admin user stays an admin, whatever teams it also administers.
+    await store.update_user("tina", user_role="proxy_admin")
+    boss = await sess.ui_principal(services, raw)
+    assert boss is not None and boss.role == "proxy_admin" and boss.can("write")
+    assert sess.MASTER.caller.role == "proxy_admin"
