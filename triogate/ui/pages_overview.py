@@ -91,5 +91,7 @@ async def overview(ctx: Ctx) -> Response:
     response = ctx.page("Overview", content, active="overview", refresh_s=REFRESH_S)
     # A browser keeps its connection, and so its worker: closing it after this page
     # lets the next refresh land on any worker, so every worker reports within a few.
-    response.headers["connection"] = "close"
+    # (HTTP/1 only: HTTP/2 forbids the header and multiplexes anyway.)
+    if str(ctx.request.scope.get("http_version", "1.1")).startswith("1"):
+        response.headers["connection"] = "close"
     return response
