@@ -3,9 +3,10 @@
 * :func:`ui_principal` is the one place that decides what a key may see and do, with the
   admin API's roles (``api/admin/roles.py``): the master key and a ``proxy_admin`` user's
   key see and change everything; a ``proxy_admin_viewer`` user's key reads every page and
-  changes nothing; any other key that is neither blocked nor expired (nor its user
-  blocked) signs in read-only to its own key's page. The rest of the dashboard asks only
-  :meth:`UiPrincipal.can`.
+  changes nothing; a team admin's key manages its teams' keys; any other key that is
+  neither blocked nor expired (nor its user blocked) signs in read-only to its own key's
+  page. Pages ask :meth:`UiPrincipal.can`; changes and reads of rows run as
+  :attr:`UiPrincipal.caller`, so the admin API's ownership rules decide which rows.
 * The session is a cookie the gateway signs (HMAC-SHA256 with a secret derived from the
   master key, so every process and worker accepts it, and changing the master key signs
   everyone out). It holds the principal's subject (``master`` or the key's hash, never the
