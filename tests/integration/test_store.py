@@ -233,7 +233,7 @@ async def test_the_raw_key_appears_nowhere_in_the_database(
     assert not [v for v in found if raw in v or raw[3:] in v]
     if sql_target.dialect == "sqlite":
         for path in sql_target.state_dir.glob("triogate.db*"):
-            assert raw[3:].encode() not in path.read_bytes()
+            assert raw[3:].encode() not in await trio.Path(path).read_bytes()
 
 
 async def test_list_keys_filters_and_pages_with_totals(
