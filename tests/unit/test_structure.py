@@ -288,3 +288,28 @@ def test_no_module_is_over_budget() -> None:
         assert lines <= 1200, f"{path.relative_to(PACKAGE)} has {lines} lines"
         if lines > 800:
             warnings.warn(f"{path.relative_to(PACKAGE)} has {lines} lines", stacklevel=1)
+
+
+def readme_layout() -> tuple[set[str], set[str]]:
+    """The README's layout tree: (entries directly under ``triogate/``, top-level entries)."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("### Layout", 1)[1].split("```\n", 2)[1]
+    inner, top = set(), set()
+    for line in block.splitlines():
+        if not line.strip() or line.startswith(" " * 4):
+            continue  # a description's continuation, or a sub-entry such as api/admin/
+        name = line.split()[0]
+        (inner if line.startswith("  ") else top).add(name)
+    return inner, top
+
+
+def test_the_readmes_layout_matches_the_tree() -> None:
+    inner, top = readme_layout()
+    actual = {f"{p.name}/" for p in PACKAGE.iterdir()
+              if p.is_dir() and (p / "__init__.py").exists()}
+    actual |= {p.name for p in PACKAGE.iterdir()
+               if p.suffix in (".py", ".yaml") and p.name != "__init__.py"}
+    assert inner == actual, f"missing: {actual - inner}; not in the tree: {inner - actual}"
+    assert "triogate/" in top
+    for name in top:
+        assert (PACKAGE.parent / name).exists(), f"the README's layout names {name}"
