@@ -70,7 +70,7 @@ async def test_killing_and_restarting_redis_under_load(
                     if phase is during:
                         killable_server.kill()
                     if phase is after:
-                        killable_server.restart()
+                        await killable_server.restart()
                         await wait_recovered(gateway.url)
                     stop = trio.Event()
                     async with trio.open_nursery() as nursery:
