@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
+from tests.blocking import Guard
 from triogate.batch import RespBackend
 from triogate.redis_server import SyncServer
 
@@ -15,6 +16,35 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
     from trio.testing import MockClock
+
+
+_GUARD = Guard()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _blocking_guard() -> Iterator[Guard]:
+    """The loop-blocking guard (tests/blocking.py), installed for the whole session."""
+    _GUARD.install()
+    try:
+        yield _GUARD
+    finally:
+        _GUARD.uninstall()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Fails a test during which a Trio loop's thread slept, opened a file or waited on a
+    blocking socket (``@pytest.mark.allow_blocking("why")`` exempts one). Trio fixtures run
+    inside the test's call, so their blocking counts too."""
+    _GUARD.take()
+    try:
+        result = yield
+    finally:
+        found = _GUARD.take()
+    if found and item.get_closest_marker("allow_blocking") is None:
+        lines = "\n".join(f"  {b}" for b in dict.fromkeys(found))
+        pytest.fail(f"the Trio loop was blocked {len(found)} time(s):\n{lines}", pytrace=False)
+    return result
 
 
 @pytest.fixture

@@ -66,11 +66,20 @@ logger = logging.getLogger("triogate")
 BACKEND_NAMES = ("counters", "cache", "identity")
 
 
-def lua_scripts() -> list[Script]:
-    """Every script in ``triogate/lua``: the registry a journal replay resolves names in."""
+def _read_lua_scripts() -> tuple[Script, ...]:
     names = sorted(p.name for p in resources.files("triogate.lua").iterdir()
                    if p.name.endswith(".lua"))
-    return [Script.from_package("triogate.lua", n) for n in names]
+    return tuple(Script.from_package("triogate.lua", n) for n in names)
+
+
+#: Every script in ``triogate/lua``, read once when this module is imported: start-up and
+#: the embedded server's restart hook then load them without reading files on the loop.
+LUA_SCRIPTS = _read_lua_scripts()
+
+
+def lua_scripts() -> list[Script]:
+    """Every script in ``triogate/lua``: the registry a journal replay resolves names in."""
+    return list(LUA_SCRIPTS)
 
 
 async def load_scripts(backend: RespBackend | ClusterBackend) -> int:

@@ -214,15 +214,19 @@ def _failure(spec: ServerSpec, why: str) -> EmbeddedServerError:
 class SyncServer:
     """A server started with ``subprocess`` (for sync pytest fixtures and the supervisor)."""
 
-    def __init__(self, state_dir: Path, *, persistent: bool = False) -> None:
-        self.spec = server_spec(state_dir, persistent=persistent)
-        _stop_leftover(self.spec)
+    def __init__(self, state_dir: Path, *, persistent: bool = False,
+                 _spec: ServerSpec | None = None) -> None:
+        self.spec = _spec or server_spec(state_dir, persistent=persistent)
+        if _spec is None:
+            _stop_leftover(self.spec)
         if self.spec.socket_path.exists():
             self.spec.socket_path.unlink()
         # Its own session: a Ctrl-C at the terminal must not stop it before we drain.
         self.process = subprocess.Popen(self.spec.argv, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True, preexec_fn=_die_with_parent_fn())
+        if _spec is not None:
+            return  # started by start_in_trio, which waits for it without blocking the loop
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not _ping_sync(self.spec.socket_path):
             if self.process.poll() is not None:
@@ -231,6 +235,23 @@ class SyncServer:
                 self.stop()
                 raise _failure(self.spec, "did not answer PING in time")
             time.sleep(0.005)
+
+    @classmethod
+    async def start_in_trio(cls, state_dir: Path, *, persistent: bool = False) -> SyncServer:
+        """The same server, started from inside a Trio run without blocking its loop: the
+        leftover check in a worker thread, the fork on the loop's own thread (see the module
+        docstring), the wait for PING asynchronous."""
+        spec = server_spec(state_dir, persistent=persistent)
+        await trio.to_thread.run_sync(_stop_leftover, spec)
+        server = cls(state_dir, _spec=spec)
+        with trio.move_on_after(_START_TIMEOUT_S):
+            while not await ping(spec.socket_path, timeout_s=0.5):
+                if server.process.poll() is not None:
+                    raise _failure(spec, f"exited with {server.process.returncode}")
+                await trio.sleep(0.005)
+            return server
+        await trio.to_thread.run_sync(server.stop)
+        raise _failure(spec, "did not answer PING in time")
 
     @property
     def url(self) -> str:

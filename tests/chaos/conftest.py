@@ -33,9 +33,11 @@ class KillableServer:
     def resume(self) -> None:
         os.kill(self.server.process.pid, signal.SIGCONT)
 
-    def restart(self) -> None:
+    async def restart(self) -> None:
+        """Kill it and start it again on the same socket, without blocking the Trio loop
+        (an in-process gateway keeps running meanwhile)."""
         self.kill()
-        self.server = SyncServer(self._folder)
+        self.server = await SyncServer.start_in_trio(self._folder)
         assert self.server.url == self.url
 
     def stop(self) -> None:

@@ -19,7 +19,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +58,9 @@ class AofRedis:
         self.url = f"unix://{self.socket}"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, *, slow_load: bool = False) -> None:
+    async def start(self, *, slow_load: bool = False) -> None:
+        """Start it (forked on the loop's thread) and poll, without blocking the loop, until
+        its socket exists."""
         binary = redis_binary()
         assert binary is not None
         argv = [binary, "--port", "0", "--unixsocket", str(self.socket), "--dir",
@@ -72,11 +73,10 @@ class AofRedis:
         self.socket.unlink(missing_ok=True)
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not self.socket.exists():
-            assert self.process.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.005)
+        with trio.fail_after(10):
+            while not self.socket.exists():
+                assert self.process.poll() is None, "redis-server exited at start"
+                await trio.sleep(0.005)
 
     def kill(self) -> None:
         assert self.process is not None

@@ -87,7 +87,7 @@ async def test_the_same_client_recovers_after_a_restart(killable_server: Killabl
     killable_server.kill()
     with pytest.raises(BackendUnavailable):
         await backend.execute([("GET", "a")])
-    killable_server.restart()
+    await killable_server.restart()
     assert await backend.execute([("SET", "a", "2"), ("GET", "a")]) == [b"OK", b"2"]
 
 
@@ -116,7 +116,7 @@ async def test_journal_replays_when_redis_is_back_and_twice_changes_nothing(
             await settler.wait_drained()
         assert settler.statistics().journal_pending == 3
         stale = journal.pending
-        killable_server.restart()
+        await killable_server.restart()
         with trio.fail_after(5):
             while settler.statistics().journal_pending:
                 await trio.sleep(0.05)

@@ -62,13 +62,13 @@ async def inject_faults(redis: AofRedis, faults: list[str]) -> None:
         redis.kill()
         faults.append("kill -9, down 1.5 s, restart")
         await trio.sleep(1.5)
-        redis.start()
+        await redis.start()
         await wait_loaded(admin)
         await trio.sleep(1.0)
 
         await pad_and_rewrite(admin)
         redis.kill()
-        redis.start(slow_load=True)
+        await redis.start(slow_load=True)
         loading_s = await wait_loaded(admin)
         faults.append(f"kill -9, restart answering LOADING for {loading_s:.1f} s")
         assert loading_s > 0.5
@@ -83,7 +83,7 @@ async def inject_faults(redis: AofRedis, faults: list[str]) -> None:
 
 async def test_money_is_exact_after_redis_faults_under_load(tmp_path: Path) -> None:
     redis = AofRedis(tmp_path / "redis")
-    redis.start()
+    await redis.start()
     database = tmp_path / "spend.db"
     gateways: list[GatewayProcess] = []
     try:
@@ -113,7 +113,7 @@ async def test_money_is_exact_after_redis_faults_under_load(tmp_path: Path) -> N
     finally:
         for gateway in gateways:
             gateway.kill()
-        redis.stop()
+        await trio.to_thread.run_sync(redis.stop)  # waits up to 5 s for the exit
     answered = sum(stats.statuses.values())
     print(f"\nrequests sent {stats.sent}, answered {answered} {dict(stats.statuses)}, "
           f"streams {stats.streams}, transport errors {stats.transport_errors}")

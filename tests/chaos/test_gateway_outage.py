@@ -37,6 +37,18 @@ async def load(url: str, key: str, results: list[httpx.Response], stop: trio.Eve
             nursery.start_soon(client)
 
 
+async def wait_recovered(url: str, timeout_s: float = 15) -> None:
+    """Until the gateway reaches Redis again and its journal is replayed (readiness says so):
+    a poll with a deadline, not a guess at how long recovery takes."""
+    with trio.fail_after(timeout_s):
+        async with httpx.AsyncClient(timeout=5) as http:
+            while True:
+                body = (await http.get(f"{url}/health/readiness")).json()
+                if body["redis"] == "connected" and not body["settler"]["journal_pending"]:
+                    return
+                await trio.sleep(0.05)
+
+
 @pytest.mark.parametrize("budget_policy", ["fail-open", "fail-closed"])
 async def test_killing_and_restarting_redis_under_load(
     tmp_path: Path, killable_server: KillableServer, budget_policy: str
@@ -58,8 +70,8 @@ async def test_killing_and_restarting_redis_under_load(
                     if phase is during:
                         killable_server.kill()
                     if phase is after:
-                        killable_server.restart()
-                        await trio.sleep(1.5)  # the settler's replay, the subscription
+                        await killable_server.restart()
+                        await wait_recovered(gateway.url)
                     stop = trio.Event()
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(load, gateway.url, key, phase, stop)

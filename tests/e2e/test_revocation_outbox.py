@@ -24,7 +24,7 @@ from tests.integration.conftest import TcpProxy
 from triogate.redis_server import SyncServer
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
 
     from triogate.testing.fakeupstream import FakeUpstream
@@ -44,17 +44,24 @@ class UnixProxy(TcpProxy):
 
 
 @pytest.fixture
-async def proxied_redis(tmp_path: Path) -> AsyncIterator[UnixProxy]:
-    """A private server behind a proxy the test may take down."""
+def private_redis(tmp_path: Path) -> Iterator[SyncServer]:
+    """A private server, started and stopped outside the Trio run (SyncServer waits for it
+    synchronously, which must not happen on the loop)."""
     server = SyncServer(tmp_path / "redis")
     try:
-        async with trio.open_nursery() as nursery:
-            proxy = UnixProxy(nursery, str(server.spec.socket_path))
-            await proxy.up()
-            yield proxy
-            nursery.cancel_scope.cancel()
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def proxied_redis(private_redis: SyncServer) -> AsyncIterator[UnixProxy]:
+    """The private server behind a proxy the test may take down."""
+    async with trio.open_nursery() as nursery:
+        proxy = UnixProxy(nursery, str(private_redis.spec.socket_path))
+        await proxy.up()
+        yield proxy
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(("path", "body"), [

@@ -245,7 +245,7 @@ async def test_moved_after_a_slot_migration_is_followed(
 ) -> None:
     key = "tg:{moving}:k"
     slot = key_slot(key)
-    home = local_cluster.owner(slot)
+    home = await trio.to_thread.run_sync(local_cluster.owner, slot)  # a sync client
     away = next(p for p in local_cluster.ports if p != home)
     other = next(k for i in range(100_000) if key_slot(k := f"stay{i}") != slot
                  and cluster.node_of(k) == f"127.0.0.1:{home}")
@@ -270,7 +270,7 @@ async def test_ask_during_a_migration_is_followed_for_the_migrated_key(
 ) -> None:
     gone, left = "tg:{asked}:gone", "tg:{asked}:left"
     slot = key_slot(gone)
-    home = local_cluster.owner(slot)
+    home = await trio.to_thread.run_sync(local_cluster.owner, slot)  # a sync client
     away = next(p for p in local_cluster.ports if p != home)
     with trio.fail_after(30):
         await cluster.execute([("SET", gone, "1"), ("SET", left, "2")])

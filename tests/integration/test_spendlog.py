@@ -178,7 +178,7 @@ async def test_a_row_the_database_refuses_does_not_stop_the_others(
     refused = ["req-huge", "req-nul"] if sql_target.dialect == "postgresql" else ["req-huge"]
     good = sorted([f"req-{i}" for i in range(41)] + (["req-nul"] if len(refused) == 1 else []))
     assert await stored_ids(store) == good
-    dead = decode_rows((folder / DEAD_LETTER_FILE).read_bytes())
+    dead = decode_rows(await trio.Path(folder / DEAD_LETTER_FILE).read_bytes())
     assert sorted(r.request_id for r in dead) == refused
     assert writer.statistics().dead_lettered == len(refused)
     assert writer.statistics().queued == 0

@@ -233,7 +233,7 @@ async def test_the_raw_key_appears_nowhere_in_the_database(
     assert not [v for v in found if raw in v or raw[3:] in v]
     if sql_target.dialect == "sqlite":
         for path in sql_target.state_dir.glob("triogate.db*"):
-            assert raw[3:].encode() not in path.read_bytes()
+            assert raw[3:].encode() not in await trio.Path(path).read_bytes()
 
 
 async def test_list_keys_filters_and_pages_with_totals(
@@ -602,45 +602,29 @@ async def test_daily_spend_groups_by_utc_day(store: Store) -> None:
 
 
 async def test_sql_never_blocks_the_event_loop(store: Store) -> None:
-    """Every statement runs in a worker thread; a ticker on the loop keeps ticking."""
+    """Every statement runs in a worker thread. Each statement here is slow (it sleeps), so
+    one run on the loop's thread would also fail the suite's loop-blocking guard
+    (tests/blocking.py); no timing is measured."""
     loop_thread = threading.get_ident()
     statement_threads: list[int] = []
-    delay_s = 0.2
 
     def slow_statement(*_args: object) -> None:
         statement_threads.append(threading.get_ident())
-        time.sleep(delay_s)  # the database is slow; only a worker thread may wait on it
+        time.sleep(0.01)  # the database is slow; only a worker thread may wait on it
 
     sa.event.listen(store.engine, "before_cursor_execute", slow_statement)
-    gaps: list[float] = []
-
-    async def tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        last = time.perf_counter()
-        task_status.started()
-        while True:
-            await trio.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
     try:
         with trio.fail_after(30):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(tick)
-                _, key = await store.create_key()
-                await store.get_keys([key.token_hash])
-                await store.update_key(key.token_hash, rpm_limit=1)
-                await store.list_keys()
-                await store.insert_spend_logs([spend_row("r1", tags=("t",))])
-                await store.query_spend_logs(tag="t")
-                await store.spend_totals()
-                await store.daily_spend(group_by="key")
-                await store.ping()
-                nursery.cancel_scope.cancel()
+            _, key = await store.create_key()
+            await store.get_keys([key.token_hash])
+            await store.update_key(key.token_hash, rpm_limit=1)
+            await store.list_keys()
+            await store.insert_spend_logs([spend_row("r1", tags=("t",))])
+            await store.query_spend_logs(tag="t")
+            await store.spend_totals()
+            await store.daily_spend(group_by="key")
+            await store.ping()
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", slow_statement)
     assert len(statement_threads) >= 10
     assert loop_thread not in statement_threads
-    # A statement on the loop would stall the ticker for delay_s at least.
-    assert max(gaps) < delay_s / 2
-    assert len(gaps) > 50

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal
-from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, final
 
@@ -112,14 +111,21 @@ def bind(deployment: Deployment, model: str | None) -> Deployment:
     return attrs.evolve(deployment, upstream_model=upstream, price=price)
 
 
-@cache
-def _table() -> dict[str, tuple[Decimal, Decimal]]:
+def _read_table() -> dict[str, tuple[Decimal, Decimal]]:
     text = resources.files("triogate.routing").joinpath("prices.json").read_text()
     million = Decimal(1_000_000)
     return {
         name: (Decimal(str(inp)) / million, Decimal(str(out)) / million)
         for name, (inp, out) in json.loads(text)["usd_per_million_tokens"].items()
     }
+
+
+#: The price table, read when this module is imported, not by the first request on the loop.
+_TABLE = _read_table()
+
+
+def _table() -> dict[str, tuple[Decimal, Decimal]]:
+    return _TABLE
 
 
 def table_price(model: str) -> Price:

@@ -12,13 +12,14 @@ is raised, or :class:`NoDeploymentAvailable` if no attempt could be made at all.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, final
+from typing import TYPE_CHECKING, Generic, TypeVar, final
 
 import attrs
 import trio
 
 from triogate.errors import ProviderError, ProviderStatusError
-from triogate.routing.cooldowns import NoDeploymentAvailable
+from triogate.routing.errors import NoDeploymentAvailable
+from triogate.routing.records import Attempt as Attempt
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -29,23 +30,6 @@ T = TypeVar("T")
 
 #: Upper bound of one backoff wait, unless ``retry_after_s`` itself is larger.
 MAX_BACKOFF_S = 30.0
-
-
-class Attempt(NamedTuple):
-    """One call of one deployment. A tuple, so ``(id, ok, error, latency_s) = a`` works.
-
-    Attributes:
-        deployment_id: the deployment called.
-        ok: whether the call returned.
-        error: what it raised, when it did not.
-        latency_s: time from the call to its return or error (Trio's clock, seconds);
-            for a stream, until the first event.
-    """
-
-    deployment_id: str
-    ok: bool
-    error: Exception | None
-    latency_s: float
 
 
 @final

@@ -19,45 +19,16 @@ import attrs
 
 from triogate.routing import cooldowns
 from triogate.routing.keys import minute_of
+from triogate.routing.records import DeploymentState as DeploymentState
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from triogate.config import Deployment
-    from triogate.routing.retries import Attempt
+    from triogate.routing.records import Attempt
 
 #: Weight of a new latency sample in the EWMA (here and in ``routing_record.lua``).
 LATENCY_ALPHA = 0.3
-
-
-@final
-@attrs.frozen(kw_only=True)
-class DeploymentState:
-    """One deployment as seen at ``RoutingState.now_ms``.
-
-    Attributes:
-        deployment: the configured deployment.
-        rpm_used: successful requests this minute.
-        tpm_used: tokens used this minute.
-        fails: failures this minute (retryable errors only).
-        cooldown_until_ms: epoch ms its cooldown ends; 0 when none.
-        in_flight: requests in flight (least-busy claims in Redis; this process's own
-            when degraded).
-        latency_ms: latency EWMA in ms; None when unknown.
-    """
-
-    deployment: Deployment
-    rpm_used: int = 0
-    tpm_used: int = 0
-    fails: int = 0
-    cooldown_until_ms: int = 0
-    in_flight: int = 0
-    latency_ms: float | None = None
-
-    @property
-    def id(self) -> str:
-        """The deployment's id."""
-        return self.deployment.id
 
 
 @final

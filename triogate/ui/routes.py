@@ -137,9 +137,17 @@ def routes() -> dict[tuple[str, str], Callable[[Services, Request], Awaitable[Re
     return table
 
 
+#: The static files' bytes, read once at import (a few kB): serving them reads no file on
+#: the loop.
+_STATIC_BODIES = {
+    path: resources.files("triogate.ui").joinpath("static").joinpath(
+        path.rsplit("/", 1)[1]).read_bytes()
+    for path in STATIC
+}
+
+
 def _static(path: str) -> Response:
-    name = path.rsplit("/", 1)[1]
-    body = resources.files("triogate.ui").joinpath("static").joinpath(name).read_bytes()
+    body = _STATIC_BODIES[path]
     return Response(body, content_type=STATIC[path], headers={
         "cache-control": "public, max-age=300", "x-content-type-options": "nosniff"})
 

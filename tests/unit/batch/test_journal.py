@@ -43,9 +43,11 @@ class Clock:
         return self.now_ms
 
 
-def letters(tmp_path: Path) -> list[dict[str, object]]:
-    path = tmp_path / "dead-letter.jsonl"
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+async def letters(tmp_path: Path) -> list[dict[str, object]]:
+    path = trio.Path(tmp_path / "dead-letter.jsonl")  # in a worker thread: not on the loop
+    if not await path.exists():
+        return []
+    return [orjson.loads(line) for line in (await path.read_bytes()).splitlines()]
 
 
 def settler_for(backend: object, tmp_path: Path, clock: Clock, **kw: object) -> Settler:
@@ -92,7 +94,7 @@ async def test_transient_replies_are_journaled_and_retried_permanent_ones_dead_l
     sent = [(w[0], w[3] if w[0] == "EVALSHA" else w[1]) for p in backend.pipelines for w in p]
     assert sent == [("EVALSHA", "spend"), ("HINCRBY", "broken"), ("SET", "cached"),
                     ("EVALSHA", "spend"), ("EVALSHA", "spend")]  # the SET was never retried
-    (letter,) = letters(tmp_path)
+    (letter,) = await letters(tmp_path)
     assert letter["owner"] == "routing" and letter["trace_id"] == "r1"
     assert str(letter["reason"]).startswith("WRONGTYPE")
     assert letter["keys"] == ["broken"] and letter["args"] == ["n", 1]
@@ -123,7 +125,7 @@ async def test_replay_forgets_only_what_was_applied(
         assert settler.statistics().journal_pending == 0
         nursery.cancel_scope.cancel()
     assert [w[1] for p in inner.pipelines for w in p] == ["a", "b", "b", "b"]
-    assert not letters(tmp_path)
+    assert not await letters(tmp_path)
 
 
 async def test_a_write_older_than_its_window_is_dead_lettered_not_applied(
@@ -146,7 +148,7 @@ async def test_a_write_older_than_its_window_is_dead_lettered_not_applied(
         assert settler.statistics().journal_pending == 0
         nursery.cancel_scope.cancel()
     assert [w[0] for p in inner.pipelines for w in p] == ["HINCRBY"]  # no window: replayed
-    (letter,) = letters(tmp_path)
+    (letter,) = await letters(tmp_path)
     assert letter["script"] == "settle_once" and "replay window" in str(letter["reason"])
 
 
@@ -178,7 +180,7 @@ async def test_scripts_are_journaled_by_name_and_sha_and_loaded_from_the_registr
         assert settler.statistics().journal_pending == 0
         nursery.cancel_scope.cancel()
     assert [w[0] for p in backend.pipelines for w in p] == ["EVALSHA", "EVALSHA", "EVAL"]
-    (letter,) = letters(tmp_path)
+    (letter,) = await letters(tmp_path)
     assert letter["script"] == "gone" and "registry" in str(letter["reason"])
     del entry
 
@@ -208,7 +210,7 @@ async def test_the_journal_is_bounded_and_replays_in_chunks(
         stats = settler.statistics()
         assert 0 < stats.journal_bytes <= 4000
         assert stats.journal_pending + stats.dead_lettered == 60 and stats.dead_lettered > 0
-        assert all("journal full" in str(x["reason"]) for x in letters(tmp_path))
+        assert all("journal full" in str(x["reason"]) for x in await letters(tmp_path))
         backend.down = False
         with trio.fail_after(30):
             while settler.statistics().journal_pending:

@@ -113,7 +113,8 @@ async def test_a_failed_flush_is_journaled_and_replayed(
         with pytest.raises(BackendUnavailable):
             await handle
         assert settler.statistics().journal_pending == 1
-        assert next(iter(tmp_path.glob("journal-*.jsonl"))).read_bytes().count(b"\n") == 1
+        journal = trio.Path(next(iter(tmp_path.glob("journal-*.jsonl"))))
+        assert (await journal.read_bytes()).count(b"\n") == 1
         backend.down = False
         await trio.sleep(1.5)  # the next replay attempt
         assert settler.statistics().journal_pending == 0

@@ -166,7 +166,7 @@ async def test_cancelled_writer_spills_queued_rows_and_the_next_one_resubmits_th
     assert first.statistics().spilled == 5 and first.statistics().queued == 0
     spilled = list(folder.glob("spill-*.jsonl"))
     assert len(spilled) == 1
-    assert [r.request_id for r in decode_rows(spilled[0].read_bytes())] == [
+    assert [r.request_id for r in decode_rows(await trio.Path(spilled[0]).read_bytes())] == [
         f"r{i}" for i in range(5)
     ]
     assert not list(folder.glob("writer-*.lock"))
@@ -190,7 +190,7 @@ async def test_recovered_rows_still_unwritten_at_exit_are_spilled_again(
 ) -> None:
     folder = tmp_path / "spendlog"
     folder.mkdir()
-    (folder / "spill-old.jsonl").write_bytes(encode_rows([row(0), row(1)]))
+    await trio.Path(folder / "spill-old.jsonl").write_bytes(encode_rows([row(0), row(1)]))
     writer = SpendLogWriter(MemorySink(fail_times=1000), fallback_dir=folder)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
@@ -199,7 +199,8 @@ async def test_recovered_rows_still_unwritten_at_exit_are_spilled_again(
         nursery.cancel_scope.cancel()
     files = list(folder.iterdir())
     assert len(files) == 1 and files[0].name.startswith("spill-")
-    assert [r.request_id for r in decode_rows(files[0].read_bytes())] == ["r0", "r1", "r2"]
+    spilled = decode_rows(await trio.Path(files[0]).read_bytes())
+    assert [r.request_id for r in spilled] == ["r0", "r1", "r2"]
 
 
 async def test_a_dead_writers_claimed_files_are_taken_over_but_a_live_ones_are_not(
@@ -209,14 +210,14 @@ async def test_a_dead_writers_claimed_files_are_taken_over_but_a_live_ones_are_n
     folder.mkdir()
     # A writer that died (SIGKILL) after claiming a spill file: its lock file is free.
     (folder / "writer-dead0000.lock").touch()
-    (folder / "owned-dead0000-0.jsonl").write_bytes(encode_rows([row("dead")]))
+    await trio.Path(folder / "owned-dead0000-0.jsonl").write_bytes(encode_rows([row("dead")]))
     # A database that never answers: the live writer keeps its rows in flight. (It used
     # to be a sink failing 1000 times; with the autojump clock, the live writer ran
     # through those retries in virtual time while `other` opened its folder in a real
     # thread, wrote its rows on the 1001st try, and nothing was left to spill.)
     live_sink = HungSink()
     live = SpendLogWriter(live_sink, fallback_dir=folder)
-    (folder / "spill-a.jsonl").write_bytes(encode_rows([row("a")]))
+    await trio.Path(folder / "spill-a.jsonl").write_bytes(encode_rows([row("a")]))
     sink = MemorySink()
     async with trio.open_nursery() as nursery:
         await nursery.start(live.run)  # takes spill-a and the dead writer's file
@@ -227,7 +228,8 @@ async def test_a_dead_writers_claimed_files_are_taken_over_but_a_live_ones_are_n
         nursery.cancel_scope.cancel()
     assert sink.batches == []
     assert not (folder / "writer-dead0000.lock").exists()
-    rows = [r.request_id for p in folder.glob("spill-*.jsonl") for r in decode_rows(p.read_bytes())]
+    rows = [r.request_id for p in folder.glob("spill-*.jsonl")
+            for r in decode_rows(await trio.Path(p).read_bytes())]
     assert sorted(rows) == ["ra", "rdead"]
 
 
@@ -302,7 +304,7 @@ async def test_rows_the_database_refuses_are_set_aside_and_the_rest_flows(
         nursery.cancel_scope.cancel()
     written = sorted(i for batch in sink.batches for i in batch)
     assert written == sorted(f"r{i}" for i in [*ids[:37], *ids[38:80], *ids[81:], "later"])
-    dead = decode_rows((folder / DEAD_LETTER_FILE).read_bytes())
+    dead = decode_rows(await trio.Path(folder / DEAD_LETTER_FILE).read_bytes())
     assert [r.request_id for r in dead] == ["rbad-a", "rbad-b"]
     stats = writer.statistics()
     assert (stats.written, stats.dead_lettered, stats.queued, stats.spilled) == (97, 2, 0, 0)
