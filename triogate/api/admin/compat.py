@@ -85,7 +85,13 @@ _COMMON: dict[str, Converter] = {
     "organization_id": _n(_ORGS),
     "guardrails": _n(_GUARDRAILS),
     "budget_reset_at": _n("setting the budget reset time (periods count from creation)"),
-    "budget_id": _n("shared budgets (/budget/new)"),
+}
+
+#: /budget/new and /budget/update fields beyond the limits.
+BUDGET_NOOP: dict[str, Converter] = {
+    "soft_budget": _SOFT,
+    "model_max_budget": _MODEL_BUDGET,
+    "budget_reset_at": _COMMON["budget_reset_at"],
 }
 
 KEY_NOOP: dict[str, Converter] = {

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 
 from triogate.api.admin.bounds import bad
+from triogate.api.admin.budgets import inherit
 from triogate.api.admin.common import (
     announce,
     begin,
@@ -140,6 +141,8 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
     if ident is not None or api.id_required:
         fields[api.store_id] = ident = required_str(body, api.id_param)
     what = f"create {api.label} '{ident}'" if ident else f"create {api.label}"
+    if api.kind != "tag":
+        fields = await inherit(store_of(services), fields)
     with sql(what):
         row = await api.store_call(store_of(services), "create")(**fields)
     headers = await announce(services, (api.kind, getattr(row, api.store_id)))
@@ -212,6 +215,13 @@ async def update(api: EntityApi, services: Services, request: Request, caller: C
     body = await begin(services, request)
     ident = required_str(body, api.id_param)
     fields = parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
+    if api.kind != "tag":
+        store = store_of(services)
+        with sql(f"look up {api.label} '{ident}'"):
+            current = (await api.store_call(store, "get")([ident])).get(ident)
+        if current is None:
+            raise not_found(api.label, ident, api.id_param)
+        fields = await inherit(store, fields, current)
     row, headers = await _apply(api, services, ident, fields)
     return Response.json(render_row(row), headers=headers)
 
