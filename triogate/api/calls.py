@@ -34,6 +34,15 @@ GATEWAY_FIELDS = ("cache", "metadata", "mock_response", *controls.CONTROL_FIELDS
 MAX_CHOICES = 128
 
 
+def trace_id_of(request: Request) -> str:
+    """The request's unique id: the ``x-request-id`` the gateway gave it, so the response,
+    its spend-log row and its trace share one id. A client's own ``x-request-id`` is
+    echoed but never used here: ids settle money exactly once, so they must be unique."""
+    if request.headers.get("x-request-id") == request.request_id:
+        return uuid.uuid4().hex
+    return request.request_id
+
+
 def auth_first(handler: Handler) -> Handler:
     """Authenticate before telling the caller anything about its request.
 
@@ -122,7 +131,7 @@ def make_call(
         include_usage=include_usage,
         request=request,
         cache=validate.cache_control(body, request.headers),
-        trace_id=uuid.uuid4().hex,
+        trace_id=trace_id_of(request),
         end_user=end_user or validate.identifier(
             request.headers.get(services.config.settings.governance.end_user_header),
             services.config.settings.governance.end_user_header),
