@@ -58,7 +58,7 @@ def _rule(scope: str, *roles: str) -> Rule:
 
 
 _ADMIN_ONLY = _rule("proxy admins only", ADMIN)
-_ADMIN_READ = _rule("every row", ADMIN, VIEWER)
+_ADMIN_READ = _rule("admins and viewers: every row", ADMIN, VIEWER)
 _KEY_WRITE = _rule("admins: any key; internal users: their own keys (within their models "
                    "and budget); team admins: their teams' keys", ADMIN, INTERNAL, TEAM_ADMIN)
 _EVERYONE = (ADMIN, VIEWER, INTERNAL, INTERNAL_VIEWER, KEY, TEAM_ADMIN)
