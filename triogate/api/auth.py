@@ -79,15 +79,21 @@ def group_providers(services: Services, group: str) -> frozenset[str]:
     return frozenset(d.provider for d in services.config.deployments if d.group == group)
 
 
-async def authenticate_only(services: Services, request: Request) -> Identity | None:
+async def authenticate_only(services: Services, request: Request, *,
+                            trace_id: str | None = None) -> Identity | None:
     """For routes outside the model flow: the caller's identity, None for the master key.
+
+    ``trace_id`` (a model request's) records the wait, if any, in that request's trace.
 
     Raises:
         ApiError: 401 when the key is missing or unknown.
     """
     from triogate.batch import open_batch_scope
 
-    async with open_batch_scope(services.backends) as scope:
+    async with open_batch_scope(
+        services.backends, tracer=services.flush_tracer if trace_id else None,
+        trace_id=trace_id,
+    ) as scope:
         who = scope.start_participant(resolve, services, scope.batch, request, None, None,
                                       name="auth")
     result = who.result()
