@@ -495,6 +495,10 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
     mode = str(entry.model_info.get("mode", "chat"))
     if mode not in ("chat", "embedding"):
         raise ConfigError(f"$.model_list[{i}].model_info.mode: {mode!r} is not chat or embedding")
+    groups = entry.model_info.get("access_groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+        raise ConfigError(f"$.model_list[{i}].model_info.access_groups: must be a list of "
+                          "names (keys and teams naming one may use this model group)")
     if provider != "mock" and any(
         getattr(params, f) != getattr(_MOCK_DEFAULTS, f)
         for f in ("mock_response", "mock_latency_ms", "mock_failure_rate", "mock_output_tokens")

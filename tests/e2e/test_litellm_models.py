@@ -37,7 +37,8 @@ def models(upstream_url: str) -> list[dict[str, Any]]:
     v1 = f"{upstream_url}/v1"
     price = {"input_cost_per_token": "0.000001", "output_cost_per_token": "0.000002"}
     return [
-        {**entry("gpt-test", "openai/gpt-up-a", v1, **price), "model_info": {"id": "gpt-a"}},
+        {**entry("gpt-test", "openai/gpt-up-a", v1, **price),
+         "model_info": {"id": "gpt-a", "access_groups": ["beta-models"]}},
         {**entry("claude-test", "anthropic/claude-up", upstream_url,
                  input_cost_per_token="0.000003", output_cost_per_token="0.000015"),
          "model_info": {"id": "claude"}},
@@ -273,3 +274,23 @@ async def test_key_and_team_aliases_win_over_wildcards_and_wait_as_any_request(
     other = (await _admin(gw, "/key/generate", {}))["key"]
     await oai(gw, other).chat.completions.create(model="mistral-7b", messages=HI)
     assert upstream.requests[-1].json["model"] == "mistral-7b"
+
+
+async def test_an_access_group_admits_its_model_groups(gw: Gateway) -> None:
+    key = (await _admin(gw, "/key/generate", {"models": ["beta-models"]}))["key"]
+    await oai(gw, key).chat.completions.create(model="gpt-test", messages=HI)
+    with pytest.raises(openai.PermissionDeniedError):
+        await oai(gw, key).chat.completions.create(model="claude-test", messages=HI)
+    async with httpx.AsyncClient(timeout=20) as http:
+        async def listed(key: str, **params: str) -> list[str]:
+            response = await http.get(f"{gw.openai_base}/models", params=params,
+                                      headers={"authorization": f"Bearer {key}"})
+            assert response.status_code == 200, response.text
+            return [m["id"] for m in response.json()["data"]]
+
+        assert await listed(key) == ["gpt-test"]
+        assert await listed(key, include_model_access_groups="true") == [
+            "gpt-test", "beta-models"]
+        assert await listed(key, only_model_access_groups="true") == ["beta-models"]
+        other = (await _admin(gw, "/key/generate", {"models": ["claude-test"]}))["key"]
+        assert await listed(other, only_model_access_groups="true") == []

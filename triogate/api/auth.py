@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from triogate.api.errors import ApiError
 from triogate.governance.decisions import Rejected
+from triogate.governance.model_access import ACCESS_GROUP
 from triogate.governance.principals import Identity, Principal
 
 if TYPE_CHECKING:
@@ -75,8 +76,15 @@ async def resolve(
 
 
 def group_providers(services: Services, group: str) -> frozenset[str]:
-    """The providers of ``group``'s deployments (``openai/*`` entries match on them)."""
-    return frozenset(d.provider for d in services.config.deployments if d.group == group)
+    """What ``models`` entries other than the group's name match on: the providers of
+    ``group``'s deployments (``openai/*``) and their access groups (labelled
+    ``access_group:<name>``, see ``model_access.model_allowed``)."""
+    labels: set[str] = set()
+    for d in services.config.deployments:
+        if d.group == group:
+            labels.add(d.provider)
+            labels.update(ACCESS_GROUP + g for g in d.info.get("access_groups", ()))
+    return frozenset(labels)
 
 
 async def authenticate_only(services: Services, request: Request, *,
