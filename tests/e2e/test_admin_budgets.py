@@ -88,6 +88,14 @@ async def test_budget_id_gives_its_limits_to_customers_users_teams_and_keys(
                             status=400))["error"]
     assert error["param"] == "max_budget" and "budget 'tiny'" in error["message"]
     await api.post("/key/generate", {"budget_id": "tiny", "rpm_limit": 1}, status=400)
+    # LiteLLM's UpdateCustomerRequest as its clients send it: nulls ask for nothing.
+    resent = await api.post("/customer/update", {
+        "user_id": "acme", "alias": None, "blocked": False, "max_budget": None,
+        "budget_id": "tiny", "allowed_model_region": None, "default_model": None})
+    assert (resent["max_budget_nanousd"], resent["rpm_limit"]) == (100, 50)
+    kept = await api.post("/team/update", {"team_id": "tb", "max_budget": None,
+                                           "rpm_limit": None, "tpm_limit": None})
+    assert (kept["max_budget_nanousd"], kept["rpm_limit"]) == (100, 50)
     missing = (await api.post("/team/new", {"budget_id": "nope"}, status=400))["error"]
     assert missing["code"] == "budget_not_found"
     await api.post("/budget/update", {"budget_id": "tiny", "max_budget": 100})

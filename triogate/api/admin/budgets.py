@@ -76,9 +76,14 @@ async def inherit(store: Store, fields: dict[str, Any], current: Any = None
         ApiError: 400 for a budget that does not exist, or for limit fields set together
             with ``budget_id`` or on an entity that names a budget.
     """
-    given = [INHERITED[f] for f in INHERITED if f in fields]
+    given = [INHERITED[f] for f in INHERITED if fields.get(f) is not None]
+    attached = fields["budget_id"] if "budget_id" in fields else getattr(
+        current, "budget_id", None)
+    if attached is not None:
+        # LiteLLM clients send every field, most null: a null limit asks for nothing here
+        # (and must not clear a limit the budget gave).
+        fields = {k: v for k, v in fields.items() if not (k in INHERITED and v is None)}
     if "budget_id" not in fields:
-        attached = getattr(current, "budget_id", None)
         if attached is not None and given:
             raise bad(given[0], f"comes from budget '{attached}': change it with "
                                 "/budget/update, or set 'budget_id' to null first")

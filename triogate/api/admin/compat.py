@@ -77,6 +77,15 @@ _DEFAULT_MODEL = _n("a default model for an end user")
 _LIMIT_TYPE = _n("rate-limit priority types", "default")
 _TEAM_MEMBER = _n("per-member limits inside a team")
 
+#: Fields of LiteLLM's newer key and user bodies (``GenerateRequestBase``).
+_NEWER: dict[str, Converter] = {
+    "agent_id": _n("agents, which triogate does not have"),
+    "budget_limits": _n("several budget windows at once (one budget_duration each here)"),
+    "budget_fallbacks": _n("budget fallbacks (models to use once a budget is spent)"),
+    "mcp_rpm_limit": _n("MCP servers, which triogate does not serve"),
+    "tag_rpm_limit": _n("per-tag limits on a key (give the tag its own limits: /tag/new)"),
+}
+
 #: Fields every principal-like entity may carry, as no-ops.
 _COMMON: dict[str, Converter] = {
     "spend": _SPEND,
@@ -97,6 +106,8 @@ BUDGET_NOOP: dict[str, Converter] = {
 
 KEY_NOOP: dict[str, Converter] = {
     **_COMMON,
+    **_NEWER,
+    "policies": _n("policies"),
     "config": _CONFIG,
     "send_invite_email": _INVITE,
     "permissions": _PERMS,
@@ -147,6 +158,8 @@ TEAM_NOOP: dict[str, Converter] = {
 
 USER_NOOP: dict[str, Converter] = {
     **_COMMON,
+    **_NEWER,
+    "policies": _n("policies"),
     "send_invite_email": _INVITE,
     "password": _n(_SSO),
     "sso_user_id": _n(_SSO),
@@ -165,6 +178,8 @@ USER_NOOP: dict[str, Converter] = {
 
 END_USER_NOOP: dict[str, Converter] = {
     **_COMMON,
+    **_NEWER,
+    "policies": _n("policies"),
     "allowed_model_region": _REGION,
     "default_model": _DEFAULT_MODEL,
 }
