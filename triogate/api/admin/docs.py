@@ -28,6 +28,7 @@ from triogate.api.admin.fields import (
     TEAM_FIELDS,
     USER_FIELDS,
 )
+from triogate.api.admin.members import MEMBER_FIELDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -48,6 +49,15 @@ ENTITIES: dict[str, tuple[Mapping[str, Converter], dict[str, str]]] = {
     "customer": (END_USER_FIELDS, {"user_id": "the id (required)"}),
     "tag": (TAG_FIELDS, {"name": "the tag (required)"}),
     "budget": (BUDGET_FIELDS, {"budget_id": "the id (a UUID when absent)"}),
+    # /team/member_add|member_update|member_delete: no settable row, only these.
+    "member": (MEMBER_FIELDS, {
+        "team_id": "the team (required)",
+        "member": "`/team/member_add`: `{role, user_id or user_email}` or a list of them (a "
+                  "user not known yet is created)",
+        "user_id": "`member_update` / `member_delete`: who (or `user_email`)",
+        "user_email": "`member_update` / `member_delete`: who (or `user_id`)",
+        "role": "`member_update`: `admin` or `user`",
+    }),
 }
 
 IMPLEMENTED = "yes"

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 MEMBER_ROLES = ("admin", "user")
 _PER_MEMBER = Noop("per-member budgets and limits inside a team")
+#: The member bodies' fields that ask for nothing here (for the README's field table).
+MEMBER_FIELDS = {name: _PER_MEMBER for name in ("max_budget_in_team", "tpm_limit",
+                                                "rpm_limit")}
 _NO_CTX = FieldContext(groups=frozenset(), now_ms=0)
 
 
