@@ -152,3 +152,13 @@ async def test_features_left_out_are_refused_with_a_400_that_says_so(
     assert error["code"] == "unsupported_feature" and words in error["message"]
     async with admin_client(gateway, "sk-wrong") as stranger:  # auth first, as everywhere
         assert (await stranger.http.request(method, path)).status_code == 401
+
+
+async def test_user_update_names_the_user_by_email_as_litellm_allows(api: Admin) -> None:
+    await api.post("/user/new", {"user_id": "grace", "user_email": "grace@example.com",
+                                 "auto_create_key": False})
+    updated = await api.post("/user/update", {"user_email": "grace@example.com",
+                                              "user_id": None, "max_budget": 3})
+    assert (updated["user_id"], updated["max_budget"]) == ("grace", 3.0)
+    await api.post("/user/update", {"user_email": "nobody@example.com", "rpm_limit": 1},
+                   status=404)

@@ -213,6 +213,8 @@ async def update(api: EntityApi, services: Services, request: Request, caller: C
                  ) -> Response:
     """POST /<entity>/update: the id plus the fields to change."""
     body = await begin(services, request)
+    if api.kind == "user" and body.get("user_id") is None and body.get("user_email"):
+        body = {**body, "user_id": await _user_by_email(services, body["user_email"])}
     ident = required_str(body, api.id_param)
     fields = parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
     if api.kind != "tag":
@@ -224,6 +226,20 @@ async def update(api: EntityApi, services: Services, request: Request, caller: C
         fields = await inherit(store, fields, current)
     row, headers = await _apply(api, services, ident, fields)
     return Response.json(render_row(row), headers=headers)
+
+
+async def _user_by_email(services: Services, email: Any) -> str:
+    """The one user with ``email`` (LiteLLM's /user/update names a user either way)."""
+    if not isinstance(email, str):
+        raise bad("user_email", "must be a string")
+    with sql("look up a user by e-mail"):
+        rows, total = await store_of(services).list_users(user_email=email, page=1, size=2)
+    if total != 1:
+        raise ApiError(404 if total == 0 else 400,
+                       f"{'no' if total == 0 else 'more than one'} user has user_email "
+                       f"'{email[:256]}'; give user_id", "invalid_request_error"
+                       if total else "not_found_error", param="user_email")
+    return rows[0].user_id
 
 
 def _ids(api: EntityApi, body: dict[str, Any]) -> list[str]:
