@@ -104,6 +104,9 @@ async def test_budget_id_gives_its_limits_to_customers_users_teams_and_keys(
         row = await api.get(path, **params)
         row = row.get("team_info", row)
         assert row["max_budget"] == 100.0
+    nested = (await api.get("/customer/info", end_user_id="acme"))["litellm_budget_table"]
+    assert (nested["budget_id"], nested["max_budget"], nested["rpm_limit"]) == (
+        "tiny", 100.0, 50)
     with trio.fail_after(20):  # the raised budget reached the gateway's identity cache
         await sdk(gateway).chat.completions.create(model="gpt-test", messages=HI, user="acme")
 

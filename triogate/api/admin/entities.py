@@ -327,9 +327,9 @@ async def info(api: EntityApi, services: Services, request: Request, caller: Cal
     if api.info_key is None:
         if api.kind == "end_user":  # LiteLLM nests an end user's limits
             details["litellm_budget_table"] = {
-                k: details.get(k) for k in ("max_budget", "budget_duration", "tpm_limit",
-                                            "rpm_limit", "max_parallel_requests",
-                                            "budget_reset_at")}
+                k: details.get(k) for k in ("budget_id", "max_budget", "budget_duration",
+                                            "tpm_limit", "rpm_limit",
+                                            "max_parallel_requests", "budget_reset_at")}
         return Response.json(details, headers=headers)
     out: dict[str, Any] = {api.id_param: ident, api.info_key: details}
     if api.keys_filter is not None:
