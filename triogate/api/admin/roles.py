@@ -112,6 +112,9 @@ for _prefix, _verbs in _SERVED.items():
             _ADMIN_READ if _method == "GET" else _ADMIN_ONLY)
 RULES[("POST", "/budget/info")] = _ADMIN_READ
 
+#: ``GET /health`` (not an admin route, but LiteLLM's rule: proxy admins only).
+HEALTH_RULE = _rule("calls every deployment", ADMIN)
+
 
 @final
 @attrs.frozen(kw_only=True)
