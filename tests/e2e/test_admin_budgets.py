@@ -67,6 +67,7 @@ async def test_budget_id_gives_its_limits_to_customers_users_teams_and_keys(
     customer = await api.post("/customer/new", {"user_id": "acme", "budget_id": "tiny"})
     assert (customer["budget_id"], customer["max_budget_nanousd"], customer["rpm_limit"]) == (
         "tiny", 100, 50)
+    assert customer["litellm_budget_table"]["budget_id"] == "tiny"  # LiteLLM's nesting
     team = await api.post("/team/new", {"team_id": "tb", "budget_id": "tiny"})
     user = await api.post("/user/new", {"user_id": "ub", "budget_id": "tiny",
                                         "auto_create_key": False})

@@ -133,6 +133,17 @@ TAGS = EntityApi(
 _USER_KEY_FIELDS = frozenset({"key_alias", "duration"})
 
 
+def shaped(api: EntityApi, details: dict[str, Any]) -> dict[str, Any]:
+    """A rendered row as LiteLLM answers for it: an end user nests its limits in
+    ``litellm_budget_table`` too."""
+    if api.kind == "end_user":
+        details["litellm_budget_table"] = {
+            k: details.get(k) for k in ("budget_id", "max_budget", "budget_duration",
+                                        "tpm_limit", "rpm_limit", "max_parallel_requests",
+                                        "budget_reset_at")}
+    return details
+
+
 async def _create(api: EntityApi, services: Services, body: dict[str, Any],
                   extra: frozenset[str] = frozenset()) -> tuple[Any, dict[str, str]]:
     fields = parse_fields(body, api.fields, context(services),
@@ -160,7 +171,7 @@ async def new(api: EntityApi, services: Services, request: Request, caller: Call
         parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
         members, create = await member_ids(store_of(services), wanted)
     row, headers = await _create(api, services, body)
-    out = render_row(row)
+    out = shaped(api, render_row(row))
     if api.kind == "team":
         if members:
             with sql(f"add members to team '{row.team_id}'"):
@@ -225,7 +236,7 @@ async def update(api: EntityApi, services: Services, request: Request, caller: C
             raise not_found(api.label, ident, api.id_param)
         fields = await inherit(store, fields, current)
     row, headers = await _apply(api, services, ident, fields)
-    return Response.json(render_row(row), headers=headers)
+    return Response.json(shaped(api, render_row(row)), headers=headers)
 
 
 async def _user_by_email(services: Services, email: Any) -> str:
@@ -325,12 +336,7 @@ async def info(api: EntityApi, services: Services, request: Request, caller: Cal
         raise not_found(api.label, ident, api.info_param)
     details, _, headers = await _info_of(api, services, ident)
     if api.info_key is None:
-        if api.kind == "end_user":  # LiteLLM nests an end user's limits
-            details["litellm_budget_table"] = {
-                k: details.get(k) for k in ("budget_id", "max_budget", "budget_duration",
-                                            "tpm_limit", "rpm_limit",
-                                            "max_parallel_requests", "budget_reset_at")}
-        return Response.json(details, headers=headers)
+        return Response.json(shaped(api, details), headers=headers)
     out: dict[str, Any] = {api.id_param: ident, api.info_key: details}
     if api.keys_filter is not None:
         store = store_of(services)
