@@ -249,7 +249,8 @@ async def test_key_and_team_aliases_win_over_wildcards_and_wait_as_any_request(
     key = (await _admin(gw, "/key/generate", {
         "team_id": "aliased", "models": ["gpt-test", "claude-test"],
         "aliases": {"mistral-7b": "gpt-test", "forbidden": "gpt-4o"}}))["key"]
-    # Cold (the key is in no process's memory): one MGET, then admission in one round.
+    # Cold (the key is in no process's memory, nor yet in Redis): the MGET, the row's
+    # write-back, then admission in one round. (A key in Redis: the MGET, then admission.)
     first = await oai(gw, key).chat.completions.with_raw_response.create(
         model="mistral-7b", messages=HI)
     assert first.headers["x-litellm-model-group"] == "gpt-test"  # the key's alias wins
@@ -258,7 +259,8 @@ async def test_key_and_team_aliases_win_over_wildcards_and_wait_as_any_request(
         await gw.services.settler.wait_drained()
     assert gw.services.tracer is not None
     summary = gw.services.tracer.summary(first.headers["x-triogate-trace-id"])
-    assert (summary.waits_before, summary.waits_after) == (2, 1)
+    assert (summary.waits_before, summary.waits_after) == (3, 1)
+    assert first.headers["x-triogate-redis-waits-before"] == "3"  # the metric's count too
     # Warm: the identity is in memory, so the alias costs no wait at all.
     team = await oai(gw, key).chat.completions.with_raw_response.create(
         model="team-fast", messages=HI)

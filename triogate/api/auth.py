@@ -91,7 +91,8 @@ async def authenticate_only(services: Services, request: Request, *,
                             trace_id: str | None = None) -> Identity | None:
     """For routes outside the model flow: the caller's identity, None for the master key.
 
-    ``trace_id`` (a model request's) records the wait, if any, in that request's trace.
+    ``trace_id`` (a model request's) records the wait, if any, in that request's trace and
+    in its count of waits before the model call.
 
     Raises:
         ApiError: 401 when the key is missing or unknown.
@@ -104,6 +105,8 @@ async def authenticate_only(services: Services, request: Request, *,
     ) as scope:
         who = scope.start_participant(resolve, services, scope.batch, request, None, None,
                                       name="auth")
+    if trace_id:
+        request.waits_before_admission += scope.statistics().rounds
     result = who.result()
     if isinstance(result, Rejected):
         raise ApiError(result.status, result.message, result.error_type, code=result.reason)
