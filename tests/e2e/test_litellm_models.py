@@ -261,6 +261,15 @@ async def test_key_and_team_aliases_win_over_wildcards_and_wait_as_any_request(
     summary = gw.services.tracer.summary(first.headers["x-triogate-trace-id"])
     assert (summary.waits_before, summary.waits_after) == (3, 1)
     assert first.headers["x-triogate-redis-waits-before"] == "3"  # the metric's count too
+    # Expired in memory, in Redis (the 60 s refresh): the MGET, then admission.
+    assert gw.services.identities is not None
+    gw.services.identities.expire()
+    refreshed = await oai(gw, key).chat.completions.with_raw_response.create(
+        model="mistral-7b", messages=HI)
+    with trio.fail_after(10):
+        await gw.services.settler.wait_drained()
+    summary = gw.services.tracer.summary(refreshed.headers["x-triogate-trace-id"])
+    assert (summary.waits_before, summary.waits_after) == (2, 1)
     # Warm: the identity is in memory, so the alias costs no wait at all.
     team = await oai(gw, key).chat.completions.with_raw_response.create(
         model="team-fast", messages=HI)
