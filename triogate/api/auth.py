@@ -111,18 +111,3 @@ async def authenticate_only(services: Services, request: Request, *,
     if isinstance(result, Rejected):
         raise ApiError(result.status, result.message, result.error_type, code=result.reason)
     return None if result.master else result
-
-
-def require_master(services: Services, request: Request) -> None:
-    """Admin routes: only the master key.
-
-    Raises:
-        ApiError: 401 without a key, 403 with any other key.
-    """
-    key = request.bearer()
-    if services.config.master_key is None:
-        return
-    if key is None:
-        raise ApiError(401, _missing_key().message, "authentication_error")
-    if not is_master(services, key):
-        raise ApiError(403, "this route needs the master key", "permission_error")
