@@ -114,12 +114,37 @@ class RouterSettingsFile:
     redis_url: str | None = attrs.field(default=None, repr=False)
 
 
+def _only_false(what: str) -> Any:
+    """A validator: ``False`` only, else a message saying triogate has no ``what``."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value:
+            raise ValueError(f"{attribute.name}: triogate has no {what} (set it to false)")
+
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class GeneralSettingsFile:
-    """``general_settings``: the subset triogate supports."""
+    """``general_settings``: the subset triogate supports.
+
+    ``proxy_batch_write_at`` and ``proxy_budget_rescheduler_min_time|max_time`` tune
+    LiteLLM machinery triogate does not have (a periodic spend writer, a budget-reset
+    job: spend rows are written in batches as requests end, budget periods follow the
+    clock), so they are accepted and change nothing.
+    """
 
     master_key: str | None = attrs.field(default=None, repr=False)
     database_url: str | None = attrs.field(default=None, repr=False)
+    proxy_batch_write_at: float | None = attrs.field(default=None,
+                                                     validator=_optional(_positive))
+    proxy_budget_rescheduler_min_time: float | None = attrs.field(
+        default=None, validator=_optional(_positive))
+    proxy_budget_rescheduler_max_time: float | None = attrs.field(
+        default=None, validator=_optional(_positive))
+    store_model_in_db: bool = attrs.field(
+        default=False, validator=_only_false("models stored in the database (the config "
+                                             "file's model_list is the only source)"))
 
 
 @attrs.frozen(kw_only=True)
@@ -146,6 +171,8 @@ class LitellmSettingsFile:
     drop_params: bool = False
     set_verbose: bool = False
     json_logs: bool = False
+    telemetry: bool = attrs.field(
+        default=False, validator=_only_false("telemetry (it never reports usage anywhere)"))
     #: Only the built-in ones: ``prometheus`` (always on at /metrics) and ``otel``.
     callbacks: list[str] | str = attrs.Factory(list)
     success_callback: list[str] = attrs.Factory(list)
@@ -495,6 +522,10 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
     mode = str(entry.model_info.get("mode", "chat"))
     if mode not in ("chat", "embedding"):
         raise ConfigError(f"$.model_list[{i}].model_info.mode: {mode!r} is not chat or embedding")
+    groups = entry.model_info.get("access_groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+        raise ConfigError(f"$.model_list[{i}].model_info.access_groups: must be a list of "
+                          "names (keys and teams naming one may use this model group)")
     if provider != "mock" and any(
         getattr(params, f) != getattr(_MOCK_DEFAULTS, f)
         for f in ("mock_response", "mock_latency_ms", "mock_failure_rate", "mock_output_tokens")

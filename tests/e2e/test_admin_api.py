@@ -415,7 +415,7 @@ async def test_the_raw_key_is_stored_nowhere(gateway: Gateway, api: Admin,
     await api.get("/key/info", key=raw)
 
     async def logged() -> bool:
-        return bool((await api.get("/spend/logs", api_key=raw))["total_count"])
+        return bool(await api.get("/spend/logs", api_key=raw))
 
     await poll(logged, timeout_s=10, interval_s=0.1)
 
@@ -491,17 +491,21 @@ async def test_spend_logs_filters_pages_and_totals(gateway: Gateway, api: Admin)
     ]
     assert await gateway.services.store.insert_spend_logs(rows) == 4  # type: ignore[union-attr]
 
-    everything = await api.get("/spend/logs")
-    assert [log["request_id"] for log in everything["logs"]] == ["r4", "r3", "r2", "r1"]
+    listed = await api.get("/spend/logs")  # LiteLLM's shape: a bare array
+    assert [log["request_id"] for log in listed] == ["r4", "r3", "r2", "r1"]
+    everything = await api.get("/spend/logs/v2")
+    assert [log["request_id"] for log in everything["data"]] == ["r4", "r3", "r2", "r1"]
     assert everything["totals"] == {"requests": 4, "input_tokens": 40, "output_tokens": 20,
                                     "spend": 1e-6, "spend_nanousd": 1000}
-    first = everything["logs"][-1]
+    first = listed[-1]
     assert first["api_key"] == hash_key(raw) and first["request_tags"] == ["x"]
     assert first["startTime"] == "2025-01-01T01:00:00.000Z" and first["total_tokens"] == 15
 
     async def ids(**params: Any) -> list[str]:
-        return [log["request_id"] for log in (await api.get("/spend/logs", **params))["logs"]]
+        return [log["request_id"] for log in await api.get("/spend/logs", **params)]
 
+    assert await ids(request_id="r3") == ["r3"]
+    assert await ids(request_id="nope") == []
     assert await ids(api_key=raw) == ["r2", "r1"]
     assert await ids(api_key=hash_key(raw)) == ["r2", "r1"]
     assert await ids(key_hash="f" * 64) == ["r4", "r3"]
@@ -515,11 +519,13 @@ async def test_spend_logs_filters_pages_and_totals(gateway: Gateway, api: Admin)
     assert await ids(start_date=str(rows[1].start_time_ms),
                      end_date=str(rows[3].start_time_ms)) == ["r3", "r2", "r1"]
     assert await ids(end_date="2025-01-02T00:00:00Z") == ["r2", "r1"]
-    page = await api.get("/spend/logs", page=2, size=3)
-    assert [log["request_id"] for log in page["logs"]] == ["r1"]
-    assert (page["total_count"], page["current_page"], page["total_pages"]) == (4, 2, 2)
+    assert await ids(page=2, size=3) == ["r1"]
+    page = await api.get("/spend/logs/v2", page=2, page_size=3)
+    assert [log["request_id"] for log in page["data"]] == ["r1"]
+    assert (page["total"], page["page"], page["page_size"], page["total_pages"]) == (4, 2, 3, 2)
     assert page["totals"]["spend_nanousd"] == 1000  # totals cover every page
-    tagged = await api.get("/spend/logs", tag="y", team_id="b")
+    assert (await api.get("/spend/logs/ui", page=2, size=3))["data"] == page["data"]
+    tagged = await api.get("/spend/logs/v2", tag="y", team_id="b")
     assert tagged["totals"]["spend_nanousd"] == 300
 
     daily = await api.get("/spend/daily", group_by="team")
@@ -538,12 +544,12 @@ async def test_real_requests_reach_the_spend_logs(gateway: Gateway, api: Admin) 
         await chat(gateway, key)
 
     async def both() -> bool:
-        return bool((await api.get("/spend/logs", team_id="logged"))["total_count"] == 2)
+        return len(await api.get("/spend/logs", team_id="logged")) == 2
 
     await poll(both, timeout_s=10, interval_s=0.1)
-    report = await api.get("/spend/logs", api_key=key)
+    report = await api.get("/spend/logs/v2", api_key=key)
     assert report["totals"]["requests"] == 2 and report["totals"]["spend_nanousd"] > 0
-    assert {log["key_alias"] for log in report["logs"]} == {"k"}
+    assert {log["key_alias"] for log in report["data"]} == {"k"}
     daily = await api.get("/spend/daily", group_by="key")
     assert [d["group_id"] for d in daily["results"]] == [hash_key(key)]
     assert daily["results"][0]["spend_nanousd"] == report["totals"]["spend_nanousd"]

@@ -131,3 +131,34 @@ async def test_models_take_wildcards_team_models_and_later_groups(
     listed = await openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=team_key,
                                       max_retries=0).models.list()
     assert [m.id for m in listed.data] == ["claude-test"]
+
+
+@pytest.mark.parametrize(("method", "path", "words"), [
+    ("POST", "/organization/new", "organizations"),
+    ("GET", "/organization/list", "organizations"),
+    ("POST", "/organization/member_add", "organizations"),
+    ("GET", "/sso/key/generate", "SSO"),
+    ("POST", "/login", "SSO"),
+    ("GET", "/guardrails/list", "guardrails"),
+    ("POST", "/apply_guardrail", "guardrails"),
+    ("POST", "/model/new", "runtime model management"),
+    ("POST", "/model/delete", "runtime model management"),
+])
+async def test_features_left_out_are_refused_with_a_400_that_says_so(
+        gateway: Gateway, api: Admin, method: str, path: str, words: str) -> None:
+    response = await api.http.request(method, path, json={"organization_alias": "x"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_feature" and words in error["message"]
+    async with admin_client(gateway, "sk-wrong") as stranger:  # auth first, as everywhere
+        assert (await stranger.http.request(method, path)).status_code == 401
+
+
+async def test_user_update_names_the_user_by_email_as_litellm_allows(api: Admin) -> None:
+    await api.post("/user/new", {"user_id": "grace", "user_email": "grace@example.com",
+                                 "auto_create_key": False})
+    updated = await api.post("/user/update", {"user_email": "grace@example.com",
+                                              "user_id": None, "max_budget": 3})
+    assert (updated["user_id"], updated["max_budget"]) == ("grace", 3.0)
+    await api.post("/user/update", {"user_email": "nobody@example.com", "rpm_limit": 1},
+                   status=404)

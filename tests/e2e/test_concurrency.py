@@ -86,7 +86,7 @@ async def test_a_budget_for_50_admits_at_most_50_of_200_and_sums_exactly(
             logs, _ = await store.query_spend_logs(key_hash=row.token_hash, size=1000)
             async with httpx.AsyncClient() as http:
                 reported = (await http.get(
-                    f"{gateway.url}/spend/logs", params={"key_hash": row.token_hash},
+                    f"{gateway.url}/spend/logs/v2", params={"key_hash": row.token_hash},
                     headers={"authorization": f"Bearer {MASTER_KEY}"})).json()
             charged = sum(r.cost_nanousd for r in logs if r.status == "success")
             assert len([r for r in logs if r.status == "success"]) == len(ok)
@@ -97,7 +97,7 @@ async def test_a_budget_for_50_admits_at_most_50_of_200_and_sums_exactly(
     assert state.result().spend_nanousd == charged  # exact integers
     assert state.result().reserved_nanousd == 0
     assert reported["totals"]["spend_nanousd"] == charged  # /spend/logs agrees with Redis
-    assert reported["total_count"] == 200
+    assert reported["total"] == 200
 
 
 async def test_two_gateways_enforce_one_rpm_and_one_parallel_limit(

@@ -98,3 +98,35 @@ async def test_a_cold_or_refreshed_identity_waits_at_most_three_times(
     assert identities.sql_loads == loads  # Redis had the rows: no SQL this time
     first = [r for r in refreshed.records if r.phase == "before" and r.round == 1]
     assert "auth" in {o for r in first for o in r.owners}
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/chat/completions", {"model": "gpt-test"}),
+    ("/v1/completions", {"model": "gpt-test", "prompt": "hi"}),
+    ("/completions", {"model": "claude-test", "prompt": "hi", "stream": True}),
+    ("/embeddings", {"model": "embed-test", "input": "hi"}),
+    ("/responses", {"model": "gpt-test", "input": "hi"}),
+    ("/messages", {"model": "claude-test", "max_tokens": 16,
+                   "metadata": {"user_id": "customer-1"}}),  # Anthropic's end user
+    ("/openai/deployments/gpt-test/chat/completions?api-version=2024-06-01", {}),
+])
+async def test_every_litellm_route_with_a_governed_key_waits_once_before_and_after(
+    governed: tuple[Gateway, str], path: str, body: dict[str, object],
+) -> None:
+    gateway, key = governed
+    await traced(gateway, key)  # warms the identity
+    messages = [{"role": "user", "content": "count my waits"}]
+    if "prompt" not in body and "input" not in body:
+        body = {**body, "messages": messages}
+    async with httpx.AsyncClient(timeout=20) as http:
+        end_user = {} if path == "/messages" else {"user": "customer-1"}
+        response = await http.post(f"{gateway.url}{path}", json={**body, **end_user},
+                                   headers={"authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    assert gateway.services.tracer is not None
+    summary = gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+    (before,) = [r for r in summary.records if r.phase == "before"]
+    assert sorted(before.owners) == sorted(["budgets"] * 3 + ["rate_limits"] * 3 + ["routing"])

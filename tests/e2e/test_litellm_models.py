@@ -37,7 +37,8 @@ def models(upstream_url: str) -> list[dict[str, Any]]:
     v1 = f"{upstream_url}/v1"
     price = {"input_cost_per_token": "0.000001", "output_cost_per_token": "0.000002"}
     return [
-        {**entry("gpt-test", "openai/gpt-up-a", v1, **price), "model_info": {"id": "gpt-a"}},
+        {**entry("gpt-test", "openai/gpt-up-a", v1, **price),
+         "model_info": {"id": "gpt-a", "access_groups": ["beta-models"]}},
         {**entry("claude-test", "anthropic/claude-up", upstream_url,
                  input_cost_per_token="0.000003", output_cost_per_token="0.000015"),
          "model_info": {"id": "claude"}},
@@ -230,3 +231,77 @@ async def test_wildcard_and_alias_requests_wait_once_before_and_once_after(
         assert gw.services.tracer is not None
         summary = gw.services.tracer.summary(response.headers["x-triogate-trace-id"])
         assert (summary.waits_before, summary.waits_after) == (1, 1)
+
+
+async def _admin(gw: Gateway, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=20) as http:
+        response = await http.post(f"{gw.url}{path}", json=body,
+                                   headers={"authorization": f"Bearer {MASTER_KEY}"})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+async def test_key_and_team_aliases_win_over_wildcards_and_wait_as_any_request(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    await _admin(gw, "/team/new", {"team_id": "aliased", "model_aliases": {
+        "team-fast": "claude-test", "mistral-7b": "claude-test"}})
+    key = (await _admin(gw, "/key/generate", {
+        "team_id": "aliased", "models": ["gpt-test", "claude-test"],
+        "aliases": {"mistral-7b": "gpt-test", "forbidden": "gpt-4o"}}))["key"]
+    # Cold (the key is in no process's memory, nor yet in Redis): the MGET, the row's
+    # write-back, then admission in one round. (A key in Redis: the MGET, then admission.)
+    first = await oai(gw, key).chat.completions.with_raw_response.create(
+        model="mistral-7b", messages=HI)
+    assert first.headers["x-litellm-model-group"] == "gpt-test"  # the key's alias wins
+    assert upstream.requests[-1].json["model"] == "gpt-up-a"  # not the "*" wildcard's
+    with trio.fail_after(10):
+        await gw.services.settler.wait_drained()
+    assert gw.services.tracer is not None
+    summary = gw.services.tracer.summary(first.headers["x-triogate-trace-id"])
+    assert (summary.waits_before, summary.waits_after) == (3, 1)
+    assert first.headers["x-triogate-redis-waits-before"] == "3"  # the metric's count too
+    # Expired in memory, in Redis (the 60 s refresh): the MGET, then admission.
+    assert gw.services.identities is not None
+    gw.services.identities.expire()
+    refreshed = await oai(gw, key).chat.completions.with_raw_response.create(
+        model="mistral-7b", messages=HI)
+    with trio.fail_after(10):
+        await gw.services.settler.wait_drained()
+    summary = gw.services.tracer.summary(refreshed.headers["x-triogate-trace-id"])
+    assert (summary.waits_before, summary.waits_after) == (2, 1)
+    # Warm: the identity is in memory, so the alias costs no wait at all.
+    team = await oai(gw, key).chat.completions.with_raw_response.create(
+        model="team-fast", messages=HI)
+    assert team.headers["x-litellm-model-group"] == "claude-test"
+    with trio.fail_after(10):
+        await gw.services.settler.wait_drained()
+    summary = gw.services.tracer.summary(team.headers["x-triogate-trace-id"])
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+    # An alias never widens access: its target must be in the key's models.
+    with pytest.raises(openai.PermissionDeniedError):
+        await oai(gw, key).chat.completions.create(model="forbidden", messages=HI)
+    # Another key has no such alias: the name falls through to the "*" wildcard.
+    other = (await _admin(gw, "/key/generate", {}))["key"]
+    await oai(gw, other).chat.completions.create(model="mistral-7b", messages=HI)
+    assert upstream.requests[-1].json["model"] == "mistral-7b"
+
+
+async def test_an_access_group_admits_its_model_groups(gw: Gateway) -> None:
+    key = (await _admin(gw, "/key/generate", {"models": ["beta-models"]}))["key"]
+    await oai(gw, key).chat.completions.create(model="gpt-test", messages=HI)
+    with pytest.raises(openai.PermissionDeniedError):
+        await oai(gw, key).chat.completions.create(model="claude-test", messages=HI)
+    async with httpx.AsyncClient(timeout=20) as http:
+        async def listed(key: str, **params: str) -> list[str]:
+            response = await http.get(f"{gw.openai_base}/models", params=params,
+                                      headers={"authorization": f"Bearer {key}"})
+            assert response.status_code == 200, response.text
+            return [m["id"] for m in response.json()["data"]]
+
+        assert await listed(key) == ["gpt-test"]
+        assert await listed(key, include_model_access_groups="true") == [
+            "gpt-test", "beta-models"]
+        assert await listed(key, only_model_access_groups="true") == ["beta-models"]
+        other = (await _admin(gw, "/key/generate", {"models": ["claude-test"]}))["key"]
+        assert await listed(other, only_model_access_groups="true") == []

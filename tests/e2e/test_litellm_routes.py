@@ -148,3 +148,9 @@ async def test_health_calls_every_deployment(gateway: Gateway, upstream: FakeUps
         one = (await _get(gateway, "/health?model=embed-test")).json()
     assert [e["model_id"] for e in one["healthy_endpoints"]] == ["embed"]
     assert (await _get(gateway, "/health?model=nope")).status_code == 404
+    store = gateway.services.store
+    assert store is not None
+    await store.create_user(user_id="ops", user_role="proxy_admin")
+    admin_key, _ = await store.create_key(user_id="ops")
+    with trio.fail_after(30):  # a proxy_admin user's key, as in LiteLLM
+        assert (await _get(gateway, "/health?model=embed-test", admin_key)).status_code == 200

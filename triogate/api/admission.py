@@ -166,7 +166,8 @@ async def admit(services: Services, call: Call) -> Admission:
         now_ms=now_ms,
     )
     async with open_batch_scope(
-        services.backends, tracer=services.flush_tracer, trace_id=call.trace_id
+        services.backends, tracer=services.flush_tracer, trace_id=call.trace_id,
+        rounds_before=call.request.waits_before_admission,
     ) as scope:
         who = scope.start_participant(
             auth.resolve, services, scope.batch, call.request,
@@ -180,7 +181,7 @@ async def admit(services: Services, call: Call) -> Admission:
                                              name="governance")
         cached = scope.start_participant(_cache_lookup, services, scope, who, call,
                                          name="cache")
-    waits = scope.statistics().rounds
+    waits = scope.statistics().rounds  # the alias lookup's rounds included
     services.metrics.redis_waits.labels("before").observe(waits)
     try:
         identity_or_rejection = who.result()

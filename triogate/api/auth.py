@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from triogate.api.errors import ApiError
 from triogate.governance.decisions import Rejected
+from triogate.governance.model_access import ACCESS_GROUP
 from triogate.governance.principals import Identity, Principal
 
 if TYPE_CHECKING:
@@ -75,37 +76,38 @@ async def resolve(
 
 
 def group_providers(services: Services, group: str) -> frozenset[str]:
-    """The providers of ``group``'s deployments (``openai/*`` entries match on them)."""
-    return frozenset(d.provider for d in services.config.deployments if d.group == group)
+    """What ``models`` entries other than the group's name match on: the providers of
+    ``group``'s deployments (``openai/*``) and their access groups (labelled
+    ``access_group:<name>``, see ``model_access.model_allowed``)."""
+    labels: set[str] = set()
+    for d in services.config.deployments:
+        if d.group == group:
+            labels.add(d.provider)
+            labels.update(ACCESS_GROUP + g for g in d.info.get("access_groups", ()))
+    return frozenset(labels)
 
 
-async def authenticate_only(services: Services, request: Request) -> Identity | None:
+async def authenticate_only(services: Services, request: Request, *,
+                            trace_id: str | None = None) -> Identity | None:
     """For routes outside the model flow: the caller's identity, None for the master key.
+
+    ``trace_id`` (a model request's) records the wait, if any, in that request's trace and
+    in its count of waits before the model call.
 
     Raises:
         ApiError: 401 when the key is missing or unknown.
     """
     from triogate.batch import open_batch_scope
 
-    async with open_batch_scope(services.backends) as scope:
+    async with open_batch_scope(
+        services.backends, tracer=services.flush_tracer if trace_id else None,
+        trace_id=trace_id,
+    ) as scope:
         who = scope.start_participant(resolve, services, scope.batch, request, None, None,
                                       name="auth")
+    if trace_id:
+        request.waits_before_admission += scope.statistics().rounds
     result = who.result()
     if isinstance(result, Rejected):
         raise ApiError(result.status, result.message, result.error_type, code=result.reason)
     return None if result.master else result
-
-
-def require_master(services: Services, request: Request) -> None:
-    """Admin routes: only the master key.
-
-    Raises:
-        ApiError: 401 without a key, 403 with any other key.
-    """
-    key = request.bearer()
-    if services.config.master_key is None:
-        return
-    if key is None:
-        raise ApiError(401, _missing_key().message, "authentication_error")
-    if not is_master(services, key):
-        raise ApiError(403, "this route needs the master key", "permission_error")

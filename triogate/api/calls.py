@@ -15,6 +15,7 @@ from triogate.api import auth, controls, validate
 from triogate.api.errors import ApiError
 from triogate.api.flow import Call
 from triogate.errors import StoreError
+from triogate.governance.model_access import resolve_alias
 from triogate.providers.tokens import estimate_input_tokens
 
 if TYPE_CHECKING:
@@ -32,6 +33,17 @@ if TYPE_CHECKING:
 GATEWAY_FIELDS = ("cache", "metadata", "mock_response", *controls.CONTROL_FIELDS)
 #: Most choices one request may ask for (OpenAI's own limit).
 MAX_CHOICES = 128
+
+
+def trace_id_of(request: Request) -> str:
+    """The request's unique id: the ``x-request-id`` the gateway gave it, so the response,
+    its spend-log row and its trace share one id. A client's own ``x-request-id`` is
+    echoed but never used here: ids settle money exactly once, so they must be unique."""
+    if request.trace_id is None:
+        request.trace_id = (uuid.uuid4().hex
+                            if request.headers.get("x-request-id") == request.request_id
+                            else request.request_id)
+    return request.trace_id
 
 
 def auth_first(handler: Handler) -> Handler:
@@ -61,9 +73,44 @@ def auth_first(handler: Handler) -> Handler:
 
 
 async def read_body(services: Services, request: Request) -> tuple[dict[str, Any], str]:
-    """The JSON body and its model group (a group, an alias's, or a wildcard's)."""
+    """The JSON body and its model group (a group, an alias's, or a wildcard's).
+
+    A name that is not a configured group may be one of the caller's aliases (its key's
+    ``aliases``, its team's ``model_aliases``), which win over the config's aliases and
+    wildcards; the body then names the alias's target. Finding them needs the identity:
+    from memory (no wait) in the common case, else the MGET admission would have made,
+    which admission then finds in memory (so the waits stay 1 + 1, or 2 + 1).
+    """
     body = await request.json(services.config.settings.max_body_bytes)
+    model = body.get("model")
+    if isinstance(model, str) and "*" not in model and model not in services.config.groups:
+        target = await _caller_alias(services, request, model)
+        if target is not None:
+            body = {**body, "model": target}
     return body, controls.resolve_model(services, body).group
+
+
+async def _caller_alias(services: Services, request: Request, model: str) -> str | None:
+    """What the caller's key or team aliases ``model`` to, if anything. A checkpoint.
+
+    Raises:
+        ApiError: 401 for a missing or unknown key (as admission would); 503 when the key
+            store cannot be reached.
+    """
+    if services.identities is None or auth.is_master(services, request.bearer()):
+        return None
+    try:
+        identity = await auth.authenticate_only(services, request,
+                                                trace_id=trace_id_of(request))
+    except StoreError:
+        raise ApiError(503, "the key store is unavailable; try again shortly",
+                       "service_unavailable") from None
+    request.authenticated = True
+    if identity is None:
+        return None
+    target = resolve_alias(model, identity.key.aliases,
+                           identity.team.aliases if identity.team else None)
+    return None if target == model else target
 
 
 def check_mode(services: Services, group: str, *, embedding: bool) -> None:
@@ -122,7 +169,7 @@ def make_call(
         include_usage=include_usage,
         request=request,
         cache=validate.cache_control(body, request.headers),
-        trace_id=uuid.uuid4().hex,
+        trace_id=trace_id_of(request),
         end_user=end_user or validate.identifier(
             request.headers.get(services.config.settings.governance.end_user_header),
             services.config.settings.governance.end_user_header),

@@ -38,6 +38,10 @@ class Request:
         }
         self.query: dict[str, str] = dict(parse_qsl(scope.get("query_string", b"").decode()))
         self.request_id = request_id
+        #: The model flow's unique id (``calls.trace_id_of``), once chosen.
+        self.trace_id: str | None = None
+        #: Redis waits spent on this request before admission (a caller's alias lookup).
+        self.waits_before_admission = 0
         self.started_at = trio.current_time()
         #: Set once the caller's key has been checked (admission or auth_first).
         self.authenticated = False

@@ -1,4 +1,5 @@
-"""``GET /health``: call every deployment (LiteLLM's upstream health check), master key only.
+"""``GET /health``: call every deployment (LiteLLM's upstream health check), proxy admins
+only (the master key, or a ``proxy_admin`` user's key).
 
 Each deployment gets one tiny request (a one-token chat completion, or a one-word
 embedding), all at once in a nursery, each bounded by ``HEALTH_TIMEOUT_S`` (or the
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from triogate.api import auth
+from triogate.api.admin.roles import HEALTH_RULE, authorize
 from triogate.api.errors import ApiError, from_provider
 from triogate.api.http import Response
 from triogate.api.model_info import deployment_info
@@ -53,7 +54,7 @@ async def _check(services: Services, deployment: Deployment) -> str | None:
 
 async def health(services: Services, request: Request) -> Response:
     """Check every deployment (or ``?model=``'s) in parallel; 200 with the findings."""
-    auth.require_master(services, request)
+    await authorize(services, request, HEALTH_RULE)
     wanted = request.query.get("model")
     if wanted is not None and wanted not in services.config.groups:
         raise ApiError(404, f"model '{wanted}' is not a model group here", "not_found_error",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from triogate.api import auth
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
+from triogate.governance.model_access import ACCESS_GROUP
 from triogate.routing.models import table_models
 
 if TYPE_CHECKING:
@@ -55,8 +56,9 @@ async def _allowed(services: Services, request: Request) -> Callable[[str], bool
             team_models = teams[team_id].models
 
     def allowed(name: str) -> bool:
-        if identity is not None and identity.first_refusing(
-                name, providers=partial(auth.group_providers, services, name)) is not None:
+        labels = (partial(frozenset, {ACCESS_GROUP + name}) if name in access_groups(services)
+                  else partial(auth.group_providers, services, name))
+        if identity is not None and identity.first_refusing(name, providers=labels) is not None:
             return False
         return not team_models or name in team_models or "*" in team_models
 
@@ -84,14 +86,24 @@ def _names(services: Services, request: Request) -> list[str]:
 async def models(services: Services, request: Request) -> Response:
     """``GET /v1/models``: the models this caller may use, in OpenAI's list shape.
 
-    LiteLLM's ``include_model_access_groups`` is accepted (triogate has no access
-    groups); ``only_model_access_groups`` therefore lists nothing.
+    LiteLLM's ``include_model_access_groups=true`` adds the access groups
+    (``model_info.access_groups``) the caller may use; ``only_model_access_groups=true``
+    lists only those.
     """
     allowed = await _allowed(services, request)
+    groups = [_model(g) for g in access_groups(services) if allowed(g)]
     if _flag(request, "only_model_access_groups"):
-        return Response.json({"object": "list", "data": []})
+        return Response.json({"object": "list", "data": groups})
     data = [_model(n) for n in _names(services, request) if allowed(n)]
+    if _flag(request, "include_model_access_groups"):
+        data += groups
     return Response.json({"object": "list", "data": data})
+
+
+def access_groups(services: Services) -> list[str]:
+    """Every access group a deployment names, sorted."""
+    return sorted({g for d in services.config.deployments
+                   for g in d.info.get("access_groups", ())})
 
 
 async def model(services: Services, request: Request) -> Response:

@@ -18,6 +18,7 @@ from triogate.api import (
     responses,
 )
 from triogate.api.admin.routes import routes as admin_routes
+from triogate.api.admin.unsupported import routes as unsupported_routes
 from triogate.ui.routes import routes as ui_routes
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def table() -> dict[tuple[str, str], Route]:
         routes[("POST", f"{prefix}/embeddings")] = Route(embeddings.create_embeddings)
         routes[("POST", f"{prefix}/completions")] = Route(completions.completions)
         routes[("GET", f"{prefix}/models")] = Route(model_info.models)
-    for (method, path), handler in admin_routes().items():
+    for (method, path), handler in {**unsupported_routes(), **admin_routes()}.items():
         routes[(method, path)] = Route(handler)
     routes.update({k: Route(handler) for k, handler in ui_routes().items()})  # the dashboard
     return routes

@@ -212,4 +212,23 @@ def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int) -
         latency_ms=max(0, now_ms - admitted.now_ms),
         start_time_ms=admitted.now_ms,
         end_time_ms=now_ms,
+        response_id=response_id(outcome),
+        client_request_id=(call.request.request_id
+                           if call.request.request_id != call.trace_id else None),
     )
+
+
+def response_id(outcome: Outcome) -> str | None:
+    """The response's own id (``chatcmpl-…``, ``msg_…``, ``resp_…``), from the body or the
+    stream's first event that names one."""
+    found: Any = None
+    if outcome.body is not None:
+        found = outcome.body.get("id")
+    for event in outcome.events or ():
+        if found is not None:
+            break
+        found = event.get("id")
+        for inner in ("message", "response"):  # Anthropic message_start, Responses events
+            if found is None and isinstance(event.get(inner), dict):
+                found = event[inner].get("id")
+    return found[:256] if isinstance(found, str) and found else None

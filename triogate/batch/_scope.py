@@ -186,6 +186,7 @@ class BatchScope:
         tracer: Tracer | None,
         trace_id: str,
         phase: str,
+        rounds_before: int = 0,
     ) -> BatchScope:
         self = object.__new__(cls)
         self._nursery = nursery
@@ -198,7 +199,7 @@ class BatchScope:
         self._pending = []
         self._flushing = False
         self._closed = False
-        self._rounds = 0
+        self._rounds = rounds_before
         self._commands = 0
         self._started = 0
         self.batch = Batch._create(self)
@@ -424,6 +425,7 @@ async def open_batch_scope(
     tracer: Tracer | None = None,
     trace_id: str | None = None,
     phase: str = BEFORE,
+    rounds_before: int = 0,
 ) -> AsyncIterator[BatchScope]:
     """Open a batch scope: a nursery whose participants share flushes.
 
@@ -433,6 +435,8 @@ async def open_batch_scope(
         tracer: receives a :class:`FlushRecord` per pipeline.
         trace_id: the request id the records carry (a counter if not given).
         phase: ``"before"`` or ``"after"`` the model call, for the records.
+        rounds_before: rounds the same trace and phase already waited in an earlier
+            scope; this scope's rounds are numbered after them (records, statistics).
 
     On exit, waits for every participant; commands declared and never awaited still
     leave in a last round. Entering is not a checkpoint; exiting is.
@@ -441,7 +445,8 @@ async def open_batch_scope(
     try:
         async with trio.open_nursery() as nursery:
             scope = BatchScope._create(
-                nursery, backends, tracer, trace_id or f"scope-{next(_trace_ids)}", phase
+                nursery, backends, tracer, trace_id or f"scope-{next(_trace_ids)}", phase,
+                rounds_before,
             )
             yield scope
             # Leftovers (declared, never awaited) leave once the participants allow it;

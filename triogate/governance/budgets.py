@@ -145,7 +145,8 @@ def _ttl_ms(period_end_ms: int | None, now_ms: int, retention_ms: int) -> int:
 
 
 def _usd(nanousd: int) -> str:
-    return f"${Decimal(nanousd).scaleb(-9).quantize(Decimal('0.000001'))}"
+    """Exact USD, every significant digit and no trailing zeros: ``$0.0000001``, ``$10``."""
+    return f"${Decimal(nanousd).scaleb(-9).normalize():f}"
 
 
 def _budgeted(identity: Identity) -> list[Principal]:
@@ -316,7 +317,8 @@ def _over_budget(
     return Rejected(
         check="budgets",
         reason="budget_exceeded",
-        message=f"Budget exceeded for {kind} '{hold.label}' ({'; '.join(parts)})",
+        message=(f"Budget has been exceeded! {kind.capitalize()} '{hold.label}': "
+                 f"{'; '.join(parts)}"),
         status=400,
         error_type="budget_exceeded",
         degraded=degraded,

@@ -12,6 +12,8 @@ configured later. Its entries:
   ``openai/gpt-4o`` as the group name itself);
 * ``"all-team-models"``: whatever the key's team may use (nothing for a key without a
   team);
+* an access group (LiteLLM's ``model_info.access_groups`` on a deployment): every group
+  with a deployment in it;
 * anything else: that group, exactly.
 
 Aliases (a key's ``aliases``, a team's ``model_aliases``, the config's
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 
 ANY_MODEL = "*"
 ALL_TEAM_MODELS = "all-team-models"
+#: How an access group appears among a group's ``providers`` labels (see model_allowed).
+ACCESS_GROUP = "access_group:"
 _NO_PROVIDERS: frozenset[str] = frozenset()
 
 
@@ -44,24 +48,30 @@ def model_allowed(
     Args:
         models: the list as stored (empty = every group).
         group: the model group the request resolved to.
-        providers: the providers of ``group``'s deployments; called only when a
-            ``<provider>/*`` entry needs it (so the common case costs nothing).
+        providers: labels of ``group``'s deployments: their providers, and their access
+            groups prefixed with :data:`ACCESS_GROUP`; called at most once, and not at
+            all when the list names the group or ``*`` (so the common case costs nothing).
         team_models: the team's list, for ``all-team-models`` (None: no team).
     """
     entries = tuple(models)
-    if not entries:
-        return True
+    if not entries or group in entries or ANY_MODEL in entries:
+        return True  # the common cases: no label lookup
+    labels: frozenset[str] | None = None
     for entry in entries:
-        if entry in (group, ANY_MODEL):
-            return True
         if entry == ALL_TEAM_MODELS:
             if team_models is not None and model_allowed(team_models, group,
                                                          providers=providers):
                 return True
-        elif entry.endswith("/*"):
-            provider = entry[:-2]
-            if group.startswith(provider + "/") or provider in providers():
+            continue
+        if entry.endswith("/*") and group.startswith(entry[:-1]):
+            return True
+        if labels is None:
+            labels = providers()  # at most once
+        if entry.endswith("/*"):
+            if entry[:-2] in labels:
                 return True
+        elif ACCESS_GROUP + entry in labels:
+            return True
     return False
 
 

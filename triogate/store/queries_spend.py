@@ -44,6 +44,9 @@ class SpendFilter:
         start_ms: ``start_time_ms >= start_ms`` (inclusive, epoch ms).
         end_ms: ``start_time_ms < end_ms`` (exclusive, epoch ms).
         tag: rows whose tags include it exactly.
+        request_id: the row of that request: its ``request_id`` (the response's
+            ``x-request-id`` and ``x-litellm-call-id``) or the client's own
+            ``x-request-id``.
     """
 
     key_hash: str | None = None
@@ -53,6 +56,7 @@ class SpendFilter:
     tag: str | None = None
     start_ms: int | None = None
     end_ms: int | None = None
+    request_id: str | None = None
 
 
 def _where(f: SpendFilter) -> list[sa.ColumnElement[bool]]:
@@ -62,6 +66,9 @@ def _where(f: SpendFilter) -> list[sa.ColumnElement[bool]]:
         value = getattr(f, name)
         if value is not None:
             out.append(c[name] == value)
+    if f.request_id is not None:
+        out.append(sa.or_(c.request_id == f.request_id,
+                          c.client_request_id == f.request_id))
     if f.start_ms is not None:
         out.append(c.start_time_ms >= f.start_ms)
     if f.end_ms is not None:

@@ -254,6 +254,10 @@ class SpendLogRow:
         http_status: the status code sent to the client.
         latency_ms: end minus start.
         start_time_ms, end_time_ms: epoch ms.
+        response_id: the response's own id as the upstream sent it (``chatcmpl-…``,
+            ``msg_…``, ``resp_…``), when there was one.
+        client_request_id: the client's own ``x-request-id``, when it sent one (the
+            response then carries it; ``request_id`` stays the gateway's, unique).
     """
 
     request_id: str
@@ -276,6 +280,8 @@ class SpendLogRow:
     latency_ms: int = 0
     start_time_ms: int = 0
     end_time_ms: int = 0
+    response_id: str | None = None
+    client_request_id: str | None = None
 
 
 @final

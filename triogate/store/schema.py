@@ -164,6 +164,10 @@ spend_logs = sa.Table(
     sa.Column("latency_ms", sa.BigInteger, nullable=False),
     sa.Column("start_time_ms", sa.BigInteger, nullable=False),
     sa.Column("end_time_ms", sa.BigInteger, nullable=False),
+    # Added after the first release: nullable, so ``migrate.upgrade`` can add them.
+    sa.Column("response_id", sa.Text, nullable=True),
+    sa.Column("client_request_id", sa.Text, nullable=True),
+    sa.Index("ix_spend_logs_client_request_id", "client_request_id"),
     # One index per report filter; each ends with the time so ranges stay indexed.
     sa.Index("ix_spend_logs_key_time", "key_hash", "start_time_ms"),
     sa.Index("ix_spend_logs_team_time", "team_id", "start_time_ms"),

@@ -290,3 +290,18 @@ async def test_statistics_and_tracer_agree(autojump_clock: MockClock) -> None:
     assert sorted(record.owners) == ["a", "b"]
     assert record.commands == ("GET", "GET")
     assert record.phase == "before"
+
+
+async def test_a_trace_spanning_two_scopes_numbers_its_rounds_on(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend({"GET": b"1"})
+    tracer = MemoryTracer()
+    async with open_batch_scope({"default": backend}, tracer=tracer, trace_id="t") as first:
+        first.start_participant(get_and_wait, first.batch, "auth")
+    async with open_batch_scope({"default": backend}, tracer=tracer, trace_id="t",
+                                rounds_before=first.statistics().rounds) as second:
+        second.start_participant(get_and_wait, second.batch, "budgets")
+    assert [r.round for r in tracer.records("t")] == [1, 2]
+    assert second.statistics().rounds == 2
+    assert tracer.summary("t").waits_before == 2

@@ -120,6 +120,9 @@ def test_environment_overrides_the_file() -> None:
         ({"model_list": [{"model_name": "x", "litellm_params": {"model": "openai/x",
                                                                 "mock_latency_ms": 5}}]},
          "mock_* settings only apply to mock/ models"),
+        ({"model_list": [{"model_name": "x", "litellm_params": {"model": "openai/x"},
+                          "model_info": {"access_groups": "beta"}}]},
+         "$.model_list[0].model_info.access_groups: must be a list of names"),
     ],
 )
 def test_mistakes_name_their_key_path(patch: dict[str, Any], message: str) -> None:

@@ -31,16 +31,28 @@ def test_litellms_example_names_exactly_the_unsupported_keys() -> None:
         load_config(FIXTURE, environ=ENV)
     lines = str(info.value).splitlines()[1:]
     assert sorted(line.strip() for line in lines) == [
-        "$.general_settings.proxy_batch_write_at: unsupported key (not known to triogate)",
-        "$.general_settings.store_model_in_db: unsupported key (not known to triogate)",
         "$.model_list[2].litellm_params.api_version: unsupported key (not known to triogate)",
+        "store_model_in_db: triogate has no models stored in the database (the config "
+        "file's model_list is the only source) (set it to false) @ $.general_settings",
     ]
+
+
+def test_litellms_tuning_of_machinery_triogate_lacks_is_accepted() -> None:
+    raw = yaml.safe_load(FIXTURE.read_text())
+    raw["general_settings"].update(store_model_in_db=False, proxy_batch_write_at=1,
+                                   proxy_budget_rescheduler_min_time=60,
+                                   proxy_budget_rescheduler_max_time=64)
+    raw["litellm_settings"]["telemetry"] = False
+    del raw["model_list"][2]
+    parse_config(raw, environ=ENV)
+    raw["litellm_settings"]["telemetry"] = True
+    with pytest.raises(ConfigError, match="telemetry: triogate has no telemetry"):
+        parse_config(raw, environ=ENV)
 
 
 def test_litellms_example_loads_without_its_unsupported_parts() -> None:
     raw = yaml.safe_load(FIXTURE.read_text())
-    for key in ("proxy_batch_write_at", "store_model_in_db"):
-        del raw["general_settings"][key]
+    del raw["general_settings"]["store_model_in_db"]
     del raw["model_list"][2]["litellm_params"]["api_version"]
     with pytest.raises(ConfigError, match=r"model_list\[2\].*'azure/chatgpt-v-2' must be"):
         parse_config(raw, environ=ENV)

@@ -27,12 +27,31 @@ def test_models_lists(models: tuple[str, ...], group: str, allowed: bool) -> Non
     assert model_allowed(models, group, providers=openai) is allowed
 
 
-def test_providers_are_only_looked_up_for_provider_wildcards() -> None:
+def test_labels_are_looked_up_at_most_once_and_never_for_a_direct_match() -> None:
     def boom() -> frozenset[str]:
         raise AssertionError("looked up")
 
     assert model_allowed(("gpt-test", "*"), "x", providers=boom)
-    assert not model_allowed(("gpt-test",), "x", providers=boom)
+    assert model_allowed(("a", "x"), "x", providers=boom)
+    calls: list[int] = []
+
+    def counted() -> frozenset[str]:
+        calls.append(1)
+        return frozenset({"openai", "access_group:beta"})
+
+    assert not model_allowed(("a", "b", "anthropic/*"), "x", providers=counted)
+    assert model_allowed(("a", "beta"), "x", providers=counted)
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize(("models", "allowed"), [
+    (("beta",), True), (("gamma",), False), (("openai/*",), True),
+])
+def test_access_groups_come_from_the_labels(models: tuple[str, ...], allowed: bool) -> None:
+    def labels() -> frozenset[str]:
+        return frozenset({"openai", "access_group:beta"})
+
+    assert model_allowed(models, "gpt-test", providers=labels) is allowed
 
 
 @pytest.mark.parametrize(("team_models", "group", "allowed"), [

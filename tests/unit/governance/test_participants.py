@@ -151,8 +151,8 @@ async def test_budget_rejection_names_the_principal_and_its_reset() -> None:
     assert b.decision == Rejected(
         check="budgets",
         reason="budget_exceeded",
-        message="Budget exceeded for team 'ml' (spend $10.000000 of $10.000000 in this "
-        "period; resets 2026-10-20T14:13:20Z)",
+        message="Budget has been exceeded! Team 'ml': spend $10 of $10 in this "
+        "period; resets 2026-10-20T14:13:20Z",
         status=400,
         error_type="budget_exceeded",
     )
@@ -172,9 +172,19 @@ async def test_budget_rejection_of_a_large_estimate_says_what_it_may_cost() -> N
     )
     assert isinstance(b.decision, Rejected)
     assert b.decision.message == (
-        "Budget exceeded for key 'sk-alias' (spend $0.999000 of $1.000000 in this period; "
-        "this request may cost up to $0.005000; lifetime budget)"
+        "Budget has been exceeded! Key 'sk-alias': spend $0.999 of $1 in this period; "
+        "this request may cost up to $0.005; lifetime budget"
     )
+
+
+async def test_a_tiny_budget_is_printed_with_its_significant_digits() -> None:
+    backend = RecordingBackend(respond=scripted(over_budget={principal_tag("key", "a" * 64)},
+                                                spend=100))
+    b, _, _ = await run_checks(backend, identity(key=Limits(max_budget_nanousd=100)),
+                               req=request(estimate_nanousd=1))
+    assert isinstance(b.decision, Rejected)
+    assert b.decision.message.startswith(
+        "Budget has been exceeded! Key 'sk-alias': spend $0.0000001 of $0.0000001 ")
 
 
 async def test_rate_rejection_carries_retry_after_and_headers() -> None:

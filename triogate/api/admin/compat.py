@@ -67,7 +67,8 @@ _PROMPTS = _n("prompt management, which triogate does not have")
 _INVITE = _n("invitation e-mails, which triogate does not send")
 _CONFIG = _n("key-specific config overrides")
 _ROTATE = _n("automatic key rotation")
-_ACCESS_GROUPS = _n("access groups; list the model groups in 'models' instead")
+_ACCESS_GROUPS = _n("access groups stored by id; name the config's access groups "
+                    "(model_info.access_groups) in 'models' instead")
 _ROUTER = _n("per-key router settings")
 _ENFORCED = _n("enforced request parameters")
 _TEMP_BUDGET = _n("temporary budget increases")
@@ -75,6 +76,15 @@ _REGION = _n("model regions (allowed_model_region)")
 _DEFAULT_MODEL = _n("a default model for an end user")
 _LIMIT_TYPE = _n("rate-limit priority types", "default")
 _TEAM_MEMBER = _n("per-member limits inside a team")
+
+#: Fields of LiteLLM's newer key and user bodies (``GenerateRequestBase``).
+_NEWER: dict[str, Converter] = {
+    "agent_id": _n("agents, which triogate does not have"),
+    "budget_limits": _n("several budget windows at once (one budget_duration each here)"),
+    "budget_fallbacks": _n("budget fallbacks (models to use once a budget is spent)"),
+    "mcp_rpm_limit": _n("MCP servers, which triogate does not serve"),
+    "tag_rpm_limit": _n("per-tag limits on a key (give the tag its own limits: /tag/new)"),
+}
 
 #: Fields every principal-like entity may carry, as no-ops.
 _COMMON: dict[str, Converter] = {
@@ -85,11 +95,19 @@ _COMMON: dict[str, Converter] = {
     "organization_id": _n(_ORGS),
     "guardrails": _n(_GUARDRAILS),
     "budget_reset_at": _n("setting the budget reset time (periods count from creation)"),
-    "budget_id": _n("shared budgets (/budget/new)"),
+}
+
+#: /budget/new and /budget/update fields beyond the limits.
+BUDGET_NOOP: dict[str, Converter] = {
+    "soft_budget": _SOFT,
+    "model_max_budget": _MODEL_BUDGET,
+    "budget_reset_at": _COMMON["budget_reset_at"],
 }
 
 KEY_NOOP: dict[str, Converter] = {
     **_COMMON,
+    **_NEWER,
+    "policies": _n("policies"),
     "config": _CONFIG,
     "send_invite_email": _INVITE,
     "permissions": _PERMS,
@@ -140,6 +158,8 @@ TEAM_NOOP: dict[str, Converter] = {
 
 USER_NOOP: dict[str, Converter] = {
     **_COMMON,
+    **_NEWER,
+    "policies": _n("policies"),
     "send_invite_email": _INVITE,
     "password": _n(_SSO),
     "sso_user_id": _n(_SSO),
@@ -158,6 +178,8 @@ USER_NOOP: dict[str, Converter] = {
 
 END_USER_NOOP: dict[str, Converter] = {
     **_COMMON,
+    **_NEWER,
+    "policies": _n("policies"),
     "allowed_model_region": _REGION,
     "default_model": _DEFAULT_MODEL,
 }

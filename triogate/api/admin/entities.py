@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 
 from triogate.api.admin.bounds import bad
+from triogate.api.admin.budgets import inherit
 from triogate.api.admin.common import (
     announce,
     begin,
@@ -132,6 +133,17 @@ TAGS = EntityApi(
 _USER_KEY_FIELDS = frozenset({"key_alias", "duration"})
 
 
+def shaped(api: EntityApi, details: dict[str, Any]) -> dict[str, Any]:
+    """A rendered row as LiteLLM answers for it: an end user nests its limits in
+    ``litellm_budget_table`` too."""
+    if api.kind == "end_user":
+        details["litellm_budget_table"] = {
+            k: details.get(k) for k in ("budget_id", "max_budget", "budget_duration",
+                                        "tpm_limit", "rpm_limit", "max_parallel_requests",
+                                        "budget_reset_at")}
+    return details
+
+
 async def _create(api: EntityApi, services: Services, body: dict[str, Any],
                   extra: frozenset[str] = frozenset()) -> tuple[Any, dict[str, str]]:
     fields = parse_fields(body, api.fields, context(services),
@@ -140,6 +152,8 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
     if ident is not None or api.id_required:
         fields[api.store_id] = ident = required_str(body, api.id_param)
     what = f"create {api.label} '{ident}'" if ident else f"create {api.label}"
+    if api.kind != "tag":
+        fields = await inherit(store_of(services), fields)
     with sql(what):
         row = await api.store_call(store_of(services), "create")(**fields)
     headers = await announce(services, (api.kind, getattr(row, api.store_id)))
@@ -157,7 +171,7 @@ async def new(api: EntityApi, services: Services, request: Request, caller: Call
         parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
         members, create = await member_ids(store_of(services), wanted)
     row, headers = await _create(api, services, body)
-    out = render_row(row)
+    out = shaped(api, render_row(row))
     if api.kind == "team":
         if members:
             with sql(f"add members to team '{row.team_id}'"):
@@ -210,10 +224,33 @@ async def update(api: EntityApi, services: Services, request: Request, caller: C
                  ) -> Response:
     """POST /<entity>/update: the id plus the fields to change."""
     body = await begin(services, request)
+    if api.kind == "user" and body.get("user_id") is None and body.get("user_email"):
+        body = {**body, "user_id": await _user_by_email(services, body["user_email"])}
     ident = required_str(body, api.id_param)
     fields = parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
+    if api.kind != "tag":
+        store = store_of(services)
+        with sql(f"look up {api.label} '{ident}'"):
+            current = (await api.store_call(store, "get")([ident])).get(ident)
+        if current is None:
+            raise not_found(api.label, ident, api.id_param)
+        fields = await inherit(store, fields, current)
     row, headers = await _apply(api, services, ident, fields)
-    return Response.json(render_row(row), headers=headers)
+    return Response.json(shaped(api, render_row(row)), headers=headers)
+
+
+async def _user_by_email(services: Services, email: Any) -> str:
+    """The one user with ``email`` (LiteLLM's /user/update names a user either way)."""
+    if not isinstance(email, str):
+        raise bad("user_email", "must be a string")
+    with sql("look up a user by e-mail"):
+        rows, total = await store_of(services).list_users(user_email=email, page=1, size=2)
+    if total != 1:
+        raise ApiError(404 if total == 0 else 400,
+                       f"{'no' if total == 0 else 'more than one'} user has user_email "
+                       f"'{email[:256]}'; give user_id", "invalid_request_error"
+                       if total else "not_found_error", param="user_email")
+    return rows[0].user_id
 
 
 def _ids(api: EntityApi, body: dict[str, Any]) -> list[str]:
@@ -299,12 +336,7 @@ async def info(api: EntityApi, services: Services, request: Request, caller: Cal
         raise not_found(api.label, ident, api.info_param)
     details, _, headers = await _info_of(api, services, ident)
     if api.info_key is None:
-        if api.kind == "end_user":  # LiteLLM nests an end user's limits
-            details["litellm_budget_table"] = {
-                k: details.get(k) for k in ("max_budget", "budget_duration", "tpm_limit",
-                                            "rpm_limit", "max_parallel_requests",
-                                            "budget_reset_at")}
-        return Response.json(details, headers=headers)
+        return Response.json(shaped(api, details), headers=headers)
     out: dict[str, Any] = {api.id_param: ident, api.info_key: details}
     if api.keys_filter is not None:
         store = store_of(services)

@@ -263,11 +263,14 @@ _LIMITS: dict[str, Converter] = {
     "tpm_limit": count("tpm_limit"),
     "rpm_limit": count("rpm_limit"),
 }
+#: A budget's limits (``/budget/new``), which every principal also has.
+LIMIT_FIELDS: Mapping[str, Converter] = {
+    **_LIMITS, "max_parallel_requests": count("max_parallel_requests")}
 _PRINCIPAL: dict[str, Converter] = {
-    **_LIMITS,
-    "max_parallel_requests": count("max_parallel_requests"),
+    **LIMIT_FIELDS,
     "metadata": _metadata,
     "blocked": _blocked,
+    "budget_id": text("budget_id"),
 }
 
 #: Body fields per entity (ids and request-only fields are handled by the handlers):

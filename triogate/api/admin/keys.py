@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from triogate.api.admin.bounds import check_custom_key
+from triogate.api.admin.budgets import inherit
 from triogate.api.admin.common import (
     announce,
     begin,
@@ -86,7 +87,7 @@ async def generate(services: Services, request: Request, caller: Caller) -> Resp
     raw_key = None if body.get("key") is None else check_custom_key(
         body["key"], services.config.master_key)
     store = store_of(services)
-    fields = await check_key_write(caller, store, fields)
+    fields = await check_key_write(caller, store, await inherit(store, fields))
     await require_team(store, fields.get("team_id"))
     await require_alias_free(store, fields.get("key_alias"))
     with sql("create key"):
@@ -110,7 +111,7 @@ async def _update(services: Services, caller: Caller, ref: str, fields: dict[str
                   ) -> Response:
     store = store_of(services)
     row = await _writable(services, caller, ref)
-    fields = await check_key_write(caller, store, fields, row)
+    fields = await check_key_write(caller, store, await inherit(store, fields, row), row)
     await require_alias_free(store, fields.get("key_alias"), row.token_hash)
     with sql("update key"):
         updated = await store.update_key(row.token_hash, **fields)

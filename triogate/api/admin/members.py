@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 MEMBER_ROLES = ("admin", "user")
 _PER_MEMBER = Noop("per-member budgets and limits inside a team")
+#: The member bodies' fields that ask for nothing here (for the README's field table).
+MEMBER_FIELDS = {name: _PER_MEMBER for name in ("max_budget_in_team", "tpm_limit",
+                                                "rpm_limit")}
 _NO_CTX = FieldContext(groups=frozenset(), now_ms=0)
 
 
@@ -107,6 +110,14 @@ async def member_add(services: Services, request: Request, caller: Caller) -> Re
     team = await _team(services, caller, body)
     store = store_of(services)
     members, create = await member_ids(store, wanted)
+    with sql("list team members"):
+        present = {m.user_id for m in (await store.team_members([team.team_id]))[team.team_id]}
+    already = [user_id for user_id, _, _ in members if user_id in present]
+    if already:
+        raise ApiError(409, f"already a member of team '{team.team_id}': "
+                       f"{', '.join(map(repr, already))} (change a role with "
+                       "/team/member_update); nothing was added", "invalid_request_error",
+                       param="member", code="conflict")
     with sql(f"add members to team '{team.team_id}'"):
         await store.change_team_members(team.team_id, add=members, create_users=create)
     return await _answer(services, team, updated_users=create,

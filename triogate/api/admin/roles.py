@@ -58,7 +58,7 @@ def _rule(scope: str, *roles: str) -> Rule:
 
 
 _ADMIN_ONLY = _rule("proxy admins only", ADMIN)
-_ADMIN_READ = _rule("every row", ADMIN, VIEWER)
+_ADMIN_READ = _rule("admins and viewers: every row", ADMIN, VIEWER)
 _KEY_WRITE = _rule("admins: any key; internal users: their own keys (within their models "
                    "and budget); team admins: their teams' keys", ADMIN, INTERNAL, TEAM_ADMIN)
 _EVERYONE = (ADMIN, VIEWER, INTERNAL, INTERNAL_VIEWER, KEY, TEAM_ADMIN)
@@ -95,12 +95,25 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/spend/daily"): _ADMIN_READ,
     ("POST", "/tag/info"): _ADMIN_READ,
 }
-for _prefix in ("/team", "/user", "/customer", "/end_user", "/tag", "/budget"):
-    for _verb in ("new", "update", "delete", "block", "unblock"):
-        RULES.setdefault(("POST", f"{_prefix}/{_verb}"), _ADMIN_ONLY)
-    for _verb in ("info", "list"):
-        RULES.setdefault(("GET", f"{_prefix}/{_verb}"), _ADMIN_READ)
+#: The writes and reads of each entity that have no rule above (admins write, admins
+#: and viewers read).
+_SERVED = {
+    "/team": ("new", "update", "delete", "block", "unblock"),
+    "/user": ("new", "update", "delete"),
+    "/customer": ("new", "update", "delete", "block", "unblock", "info", "list"),
+    "/end_user": ("new", "update", "delete", "block", "unblock", "info", "list"),
+    "/tag": ("new", "update", "delete", "info", "list"),
+    "/budget": ("new", "update", "delete", "list"),
+}
+for _prefix, _verbs in _SERVED.items():
+    for _verb in _verbs:
+        _method = "GET" if _verb in ("info", "list") else "POST"
+        RULES[(_method, f"{_prefix}/{_verb}")] = (
+            _ADMIN_READ if _method == "GET" else _ADMIN_ONLY)
 RULES[("POST", "/budget/info")] = _ADMIN_READ
+
+#: ``GET /health`` (not an admin route, but LiteLLM's rule: proxy admins only).
+HEALTH_RULE = _rule("calls every deployment", ADMIN)
 
 
 @final

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from triogate.api.admin import budgets as admin_budgets
 from triogate.api.admin import keys as admin_keys
 from triogate.api.admin import members as admin_members
 from triogate.api.admin import spend as admin_spend
@@ -54,6 +55,8 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
         ("GET", "/key/info"): admin_keys.info,
         ("GET", "/key/list"): admin_keys.list_keys,
         ("GET", "/spend/logs"): admin_spend.spend_logs,
+        ("GET", "/spend/logs/v2"): admin_spend.spend_logs_paged,
+        ("GET", "/spend/logs/ui"): admin_spend.spend_logs_paged,
         ("GET", "/spend/daily"): admin_spend.spend_daily,
         ("POST", "/tag/info"): tag_info_many,
         ("POST", "/team/member_add"): admin_members.member_add,
@@ -73,6 +76,7 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
             if verb not in skip:
                 table[(verbs[verb], f"{prefix}/{verb}")] = handler
     table[("POST", "/user/new")] = _user_new
+    table.update(admin_budgets.routes())
     return table
 
 

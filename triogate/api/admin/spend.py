@@ -1,10 +1,17 @@
-"""``/spend/logs`` and ``/spend/daily``: reports over the SQL spend logs.
+"""``/spend/logs``, ``/spend/logs/v2`` and ``/spend/daily``: reports over the SQL spend logs.
 
-Filters (query parameters, all optional): ``api_key`` (a raw key or its hash) or
-``key_hash``, ``team_id``, ``user_id``, ``end_user``, ``tag``, ``start_date`` and
-``end_date``. Dates are ISO 8601 (naive = UTC) or epoch milliseconds; ``start_date`` is
-inclusive; ``end_date`` is exclusive, except that a bare date (``2025-01-31``) includes
-that whole day, as a person reading a report expects.
+``/spend/logs`` answers as LiteLLM does: a bare JSON array of rows, newest first (at most
+``size`` rows, default 1000, from ``page``). ``/spend/logs/v2`` (also ``/spend/logs/ui``)
+is the paginated form: ``{"data": [...], "total", "page", "page_size", "total_pages",
+"totals"}``.
+
+Filters (query parameters, all optional): ``request_id`` (the response's
+``x-request-id`` / ``x-litellm-call-id``, or the client's own ``x-request-id``),
+``api_key`` (a raw key or its hash) or ``key_hash``, ``team_id``, ``user_id``,
+``end_user``, ``tag``, ``start_date`` and ``end_date``. Dates are ISO 8601 (naive = UTC)
+or epoch milliseconds; ``start_date`` is inclusive; ``end_date`` is exclusive, except
+that a bare date (``2025-01-31``) includes that whole day, as a person reading a report
+expects.
 
 Sums are computed by the database over integer nano-USD, so totals are exact; ``spend``
 (USD, a float) is shown next to ``spend_nanousd`` (the exact value).
@@ -57,7 +64,7 @@ def filters(query: Mapping[str, str]) -> dict[str, Any]:
         if out.get("key_hash", key_hash) != key_hash:
             raise ApiError(400, "'api_key' and 'key_hash' name different keys", param="key_hash")
         out["key_hash"] = key_hash
-    for name in ("team_id", "user_id", "end_user", "tag"):
+    for name in ("request_id", "team_id", "user_id", "end_user", "tag"):
         if query.get(name):
             out[name] = query[name]
     start = query.get("start_date")
@@ -76,6 +83,8 @@ def render_log(row: SpendLogRow) -> dict[str, Any]:
     """A spend-log row with LiteLLM's names (``api_key`` is the key's hash)."""
     return {
         "request_id": row.request_id,
+        "response_id": row.response_id,
+        "client_request_id": row.client_request_id,
         "call_type": row.api,
         "api_key": row.key_hash,
         "key_alias": row.key_alias,
@@ -117,17 +126,28 @@ def scoped(caller: Caller, found: dict[str, Any]) -> dict[str, Any]:
 
 
 async def spend_logs(services: Services, request: Request, caller: Caller) -> Response:
-    """GET /spend/logs: a page of logs (newest first), the count, and exact totals."""
-    page, size = paging(request.query)
+    """GET /spend/logs: matching rows, newest first, as a bare array (LiteLLM's shape)."""
+    page, size = paging(request.query, default_size=1000)
+    found = scoped(caller, filters(request.query))
+    with sql("query spend logs"):
+        rows, _ = await store_of(services).query_spend_logs(page=page, size=size, **found)
+    return Response.json([render_log(r) for r in rows])
+
+
+async def spend_logs_paged(services: Services, request: Request, caller: Caller
+                           ) -> Response:
+    """GET /spend/logs/v2 (and /spend/logs/ui): a page of rows, the count, exact totals."""
+    page, size = paging(request.query, default_size=50)
     found = scoped(caller, filters(request.query))
     store = store_of(services)
     with sql("query spend logs"):
         rows, total = await store.query_spend_logs(page=page, size=size, **found)
         totals = await store.spend_totals(**found)
     return Response.json({
-        "logs": [render_log(r) for r in rows],
-        "total_count": total,
-        "current_page": page,
+        "data": [render_log(r) for r in rows],
+        "total": total,
+        "page": page,
+        "page_size": size,
         "total_pages": page_count(total, size),
         "totals": {
             "requests": totals.requests,

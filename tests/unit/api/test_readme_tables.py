@@ -1,0 +1,30 @@
+"""The README's migration tables are the ones the code enforces (issue #12)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from triogate.api.admin import docs, roles
+from triogate.api.admin.routes import handlers_by_route
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def test_the_readme_holds_the_generated_field_and_route_tables() -> None:
+    text = README.read_text()
+    assert docs.render_into(text) == text, (
+        "README tables are stale: run python -m triogate.api.admin.docs README.md")
+
+
+def test_every_admin_route_has_exactly_one_rule_and_one_readme_row() -> None:
+    assert set(roles.RULES) == set(handlers_by_route())
+    table = docs.route_table()
+    for method, path in roles.RULES:
+        assert table.count(f"| `{method} {path}` |") == 1
+
+
+def test_every_accepted_field_has_a_readme_row() -> None:
+    table = docs.field_table()
+    for fields, extra in docs.ENTITIES.values():
+        for name in (*fields, *extra):
+            assert f"| `{name}` |" in table
