@@ -449,7 +449,7 @@ async def test_a_team_over_budget_is_rejected_on_the_cluster(cluster: ClusterBac
                                 "spend", 500)])
         b, r = await check(cluster, identity, facts("req-2", cost=1_000))
     assert isinstance(b.decision, Rejected) and not b.decision.degraded
-    assert f"team '{identity.team.id}'" in b.decision.message
+    assert f"Team '{identity.team.id}'" in b.decision.message
     assert isinstance(r.decision, Allowed)
 
 

@@ -162,7 +162,7 @@ async def test_a_rejected_request_leaves_no_trace(redis: RespBackend) -> None:
         # The team's period already spent its budget.
         await read(redis, ("HSET", budget_keys("team", "ml", 0).counters, "spend", 500))
         b, r = await check(redis, identity, request)
-        assert isinstance(b.decision, Rejected) and "team 'ml'" in b.decision.message
+        assert isinstance(b.decision, Rejected) and "Team 'ml'" in b.decision.message
         assert isinstance(r.decision, Allowed)  # rate limits counted it at the key
         async with running(settler):
             await settle(settler, request, b, r, cost=0, tokens=0, admitted=False)
