@@ -115,3 +115,13 @@ async def gateway(
     with trio.fail_after(60):
         async with running_gateway(config) as gw:
             yield gw
+
+
+async def traced_waits(gateway: Gateway, response: Any) -> Any:
+    """The tracer's summary of ``response``'s request, once the settler has drained (so the
+    post-call wait is counted). Asserts the response was a 200 first."""
+    assert response.status_code == 200, response.text
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    assert gateway.services.tracer is not None
+    return gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])

@@ -8,7 +8,7 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY
+from tests.e2e.conftest import MASTER_KEY, traced_waits
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import Gateway
@@ -65,9 +65,5 @@ async def test_every_litellm_route_waits_once_before_and_once_after(
     async with httpx.AsyncClient(timeout=20) as http:
         response = await http.post(f"{gateway.url}{path}", json=body,
                                    headers={"authorization": f"Bearer {MASTER_KEY}"})
-    assert response.status_code == 200, response.text
-    with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
-    assert gateway.services.tracer is not None
-    summary = gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
+    summary = await traced_waits(gateway, response)
     assert (summary.waits_before, summary.waits_after) == (1, 1)
