@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
+from triogate.api import validate
 from triogate.store import hash_key
 
 if TYPE_CHECKING:
@@ -241,6 +242,50 @@ async def test_a_key_cannot_spend_another_teams_tag_budget(
             labelled = await http.post("/v1/chat/completions",
                                        json={**CHAT, "metadata": {"tags": ["mine"]}})
             assert labelled.status_code == 200
+
+
+async def test_tags_never_seen_are_bounded_in_count_and_bytes(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream
+) -> None:
+    """Clients name tags freely: made-up tags live in a bounded table of their own (10,000
+    entries of at most 128 characters each), and never push the key's own row out."""
+    bound = 10_000
+    with trio.fail_after(120):
+        async with tenant(tmp_path, redis_url, upstream) as (gateway, http, _):
+            identities = gateway.services.identities
+            for tags, param in ((["x" * (validate.MAX_TAG_CHARS + 1)], "metadata.tags[0]"),
+                                ([f"t{i}" for i in range(validate.MAX_TAGS + 1)],
+                                 "metadata.tags")):
+                refused = await http.post("/v1/chat/completions",
+                                          json={**CHAT, "metadata": {"tags": tags}})
+                assert refused.status_code == 400
+                assert refused.json()["error"]["param"] == param
+            per, requests = validate.MAX_TAGS, bound // validate.MAX_TAGS + 20
+            pad = "x" * (validate.MAX_TAG_CHARS - 12)
+            statuses: list[int] = []
+
+            async def one(i: int) -> None:
+                tags = [f"{i:05}-{j:02}-{pad}"[:validate.MAX_TAG_CHARS] for j in range(per)]
+                response = await http.post("/v1/chat/completions",
+                                           json={**CHAT, "metadata": {"tags": tags}})
+                statuses.append(response.status_code)
+
+            async with trio.open_nursery() as nursery:
+                limiter = trio.CapacityLimiter(1)  # the key has one parallel slot
+
+                async def limited(i: int) -> None:
+                    async with limiter:
+                        await one(i)
+
+                for i in range(requests):
+                    nursery.start_soon(limited, i)
+            known, unknown = identities.memory_entries()
+            assert statuses == [200] * requests
+            assert requests * per > bound and unknown == bound
+            assert known >= 1  # the key's row is still in memory
+            sql_loads = identities.sql_loads
+            await still_served(http)  # ... and served from memory: no SQL load
+            assert identities.sql_loads == sql_loads
 
 
 async def test_nothing_about_models_is_told_before_the_key(
