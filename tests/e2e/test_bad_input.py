@@ -92,6 +92,35 @@ async def test_a_bug_after_admission_settles_and_leaks_nothing(
     assert all(r.key_hash == hash_key(key) for r in rows)
 
 
+async def test_a_participant_failing_during_admission_gives_back_what_the_others_held(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Routing fails (a bug) after budgets and rate limits reserved in the same round:
+    admission settles their reservations and the parallel slot before the 500."""
+    with trio.fail_after(60):
+        async with tenant(tmp_path, redis_url, upstream, rpm_limit=100,
+                          max_budget_nanousd=10**12) as (gateway, http, key):
+            router = type(gateway.services.router)
+            real = router.read
+
+            async def read_then_fail(self: Any, *args: Any) -> Any:
+                await real(self, *args)
+                raise RuntimeError("a bug in a participant")
+
+            monkeypatch.setattr(router, "read", read_then_fail)
+            for _ in range(3):
+                failed = await http.post("/v1/chat/completions", json=CHAT)
+                assert failed.status_code == 500
+                assert "a bug" not in failed.text and "Traceback" not in failed.text
+            monkeypatch.setattr(router, "read", real)
+            await still_served(http)
+            rows = await spend_rows(gateway)
+            slots = await redis.execute([("ZCARD", f"tg:{{key:{hash_key(key)}}}:rl:par")])
+    assert sorted(r.status for r in rows) == ["rejected"] * 3 + ["success"]
+    assert slots == [0]
+
+
 async def test_a_translation_refusal_after_admission_is_a_400_that_leaks_nothing(
     tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream
 ) -> None:
