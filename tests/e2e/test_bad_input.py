@@ -322,16 +322,30 @@ async def test_nothing_about_models_is_told_before_the_key(
 ) -> None:
     with trio.fail_after(60):
         async with tenant(tmp_path, redis_url, upstream) as (_gateway, http, _):
-            for headers in ({}, {"authorization": "Bearer sk-not-a-key"}):
+            routes = ("/v1/chat/completions", "/v1/messages", "/v1/responses",
+                      "/v1/embeddings", "/v1/completions", "/chat/completions",
+                      "/openai/deployments/no-such-model/chat/completions",
+                      "/openai/deployments/gpt-test/embeddings")
+            bodies = ({**CHAT, "model": "no-such-model"}, CHAT, {"model": 3}, {},
+                      {"model": "embed-test", "input": "x"})
+            for headers in ({"authorization": ""}, {"authorization": "Bearer sk-not-a-key"},
+                            {"authorization": "", "x-api-key": "sk-not-a-key"}):
                 statuses = set()
-                for body in ({**CHAT, "model": "no-such-model"}, CHAT, {"model": 3}, {}):
-                    response = await http.post("/v1/chat/completions", json=body,
-                                               headers=headers or {"authorization": ""})
-                    statuses.add(response.status_code)
-                bad_json = await http.post("/v1/messages", content=b"{nope",
-                                           headers=headers or {"authorization": ""})
-                statuses.add(bad_json.status_code)
+                for route in routes:
+                    for body in bodies:
+                        response = await http.post(route, json=body, headers=headers)
+                        statuses.add(response.status_code)
+                    bad_json = await http.post(route, content=b"{nope", headers=headers)
+                    statuses.add(bad_json.status_code)
+                for path in ("/v1/models", "/v1/models/gpt-test", "/v1/models/no-such-model",
+                             "/model/info", "/model_group/info"):
+                    statuses.add((await http.get(path, headers=headers)).status_code)
                 assert statuses == {401}
+            # /health is the master key's: a virtual key and a made-up one hear the same.
+            made_up = await http.get("/health", headers={"authorization": "Bearer sk-nope"})
+            virtual = await http.get("/health")
+            assert made_up.status_code == virtual.status_code == 403
+            assert made_up.json()["error"] == virtual.json()["error"]
             known = await http.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
             assert known.status_code == 404  # with a valid key, the precise answer
 
