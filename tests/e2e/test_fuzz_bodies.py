@@ -1,4 +1,5 @@
-"""Property-based fuzzing of the model routes and the admin routes through a running
+"""Property-based fuzzing of the model routes (chat, messages, responses, embeddings,
+legacy completions, the Azure path) and the admin routes through a running
 gateway (real HTTP, real Redis, real upstream on loopback).
 
 Bodies start valid and get 0-3 mutations: a known field (or a nested one) set to any
@@ -64,6 +65,11 @@ BASES: dict[str, list[dict[str, Any]]] = {
             {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
         for m in ("gpt-test", "claude-test")],
     "/v1/embeddings": [{"model": "embed-test", "input": ["hi", "there"]}],
+    "/v1/completions": [{"model": m, "max_tokens": 8, "prompt": "hi"}
+                        for m in ("gpt-test", "claude-test")],
+    # Azure OpenAI's path: the model comes from the path.
+    "/openai/deployments/gpt-test/chat/completions": [
+        {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}],
 }
 
 #: Fields (dotted paths; digits index lists) the gateway or a translator reads.
@@ -88,6 +94,12 @@ PATHS: dict[str, list[str]] = {
         "max_output_tokens", "previous_response_id", "stream", "user", "temperature"],
     "/v1/embeddings": ["model", "input", "input.0", "dimensions", "encoding_format", "user",
                        "stream"],
+    "/v1/completions": ["model", "prompt", "max_tokens", "n", "echo", "suffix", "best_of",
+                        "logprobs", "stop", "stream", "stream_options", "user",
+                        "temperature", "metadata.tags"],
+    "/openai/deployments/gpt-test/chat/completions": [
+        "model", "messages", "messages.0", "messages.0.content", "messages.0.role", "tools",
+        "n", "max_tokens", "stream", "user", "metadata.tags"],
 }
 
 TYPES = ["text", "image_url", "image", "input_text", "input_image", "tool_use",
