@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
+from triogate.api import validate
 from triogate.store import hash_key
 
 if TYPE_CHECKING:
@@ -89,6 +90,35 @@ async def test_a_bug_after_admission_settles_and_leaks_nothing(
             rows = await spend_rows(gateway)
     assert sorted(r.status for r in rows) == ["error", "error", "success"]
     assert all(r.key_hash == hash_key(key) for r in rows)
+
+
+async def test_a_participant_failing_during_admission_gives_back_what_the_others_held(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Routing fails (a bug) after budgets and rate limits reserved in the same round:
+    admission settles their reservations and the parallel slot before the 500."""
+    with trio.fail_after(60):
+        async with tenant(tmp_path, redis_url, upstream, rpm_limit=100,
+                          max_budget_nanousd=10**12) as (gateway, http, key):
+            router = type(gateway.services.router)
+            real = router.read
+
+            async def read_then_fail(self: Any, *args: Any) -> Any:
+                await real(self, *args)
+                raise RuntimeError("a bug in a participant")
+
+            monkeypatch.setattr(router, "read", read_then_fail)
+            for _ in range(3):
+                failed = await http.post("/v1/chat/completions", json=CHAT)
+                assert failed.status_code == 500
+                assert "a bug" not in failed.text and "Traceback" not in failed.text
+            monkeypatch.setattr(router, "read", real)
+            await still_served(http)
+            rows = await spend_rows(gateway)
+            slots = await redis.execute([("ZCARD", f"tg:{{key:{hash_key(key)}}}:rl:par")])
+    assert sorted(r.status for r in rows) == ["rejected"] * 3 + ["success"]
+    assert slots == [0]
 
 
 async def test_a_translation_refusal_after_admission_is_a_400_that_leaks_nothing(
@@ -243,21 +273,79 @@ async def test_a_key_cannot_spend_another_teams_tag_budget(
             assert labelled.status_code == 200
 
 
+async def test_tags_never_seen_are_bounded_in_count_and_bytes(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream
+) -> None:
+    """Clients name tags freely: made-up tags live in a bounded table of their own (10,000
+    entries of at most 128 characters each), and never push the key's own row out."""
+    bound = 10_000
+    with trio.fail_after(120):
+        async with tenant(tmp_path, redis_url, upstream) as (gateway, http, _):
+            identities = gateway.services.identities
+            for tags, param in ((["x" * (validate.MAX_TAG_CHARS + 1)], "metadata.tags[0]"),
+                                ([f"t{i}" for i in range(validate.MAX_TAGS + 1)],
+                                 "metadata.tags")):
+                refused = await http.post("/v1/chat/completions",
+                                          json={**CHAT, "metadata": {"tags": tags}})
+                assert refused.status_code == 400
+                assert refused.json()["error"]["param"] == param
+            per, requests = validate.MAX_TAGS, bound // validate.MAX_TAGS + 20
+            pad = "x" * (validate.MAX_TAG_CHARS - 12)
+            statuses: list[int] = []
+
+            async def one(i: int) -> None:
+                tags = [f"{i:05}-{j:02}-{pad}"[:validate.MAX_TAG_CHARS] for j in range(per)]
+                response = await http.post("/v1/chat/completions",
+                                           json={**CHAT, "metadata": {"tags": tags}})
+                statuses.append(response.status_code)
+
+            async with trio.open_nursery() as nursery:
+                limiter = trio.CapacityLimiter(1)  # the key has one parallel slot
+
+                async def limited(i: int) -> None:
+                    async with limiter:
+                        await one(i)
+
+                for i in range(requests):
+                    nursery.start_soon(limited, i)
+            known, unknown = identities.memory_entries()
+            assert statuses == [200] * requests
+            assert requests * per > bound and unknown == bound
+            assert known >= 1  # the key's row is still in memory
+            sql_loads = identities.sql_loads
+            await still_served(http)  # ... and served from memory: no SQL load
+            assert identities.sql_loads == sql_loads
+
+
 async def test_nothing_about_models_is_told_before_the_key(
     tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream
 ) -> None:
     with trio.fail_after(60):
         async with tenant(tmp_path, redis_url, upstream) as (_gateway, http, _):
-            for headers in ({}, {"authorization": "Bearer sk-not-a-key"}):
+            routes = ("/v1/chat/completions", "/v1/messages", "/v1/responses",
+                      "/v1/embeddings", "/v1/completions", "/chat/completions",
+                      "/openai/deployments/no-such-model/chat/completions",
+                      "/openai/deployments/gpt-test/embeddings")
+            bodies = ({**CHAT, "model": "no-such-model"}, CHAT, {"model": 3}, {},
+                      {"model": "embed-test", "input": "x"})
+            for headers in ({"authorization": ""}, {"authorization": "Bearer sk-not-a-key"},
+                            {"authorization": "", "x-api-key": "sk-not-a-key"}):
                 statuses = set()
-                for body in ({**CHAT, "model": "no-such-model"}, CHAT, {"model": 3}, {}):
-                    response = await http.post("/v1/chat/completions", json=body,
-                                               headers=headers or {"authorization": ""})
-                    statuses.add(response.status_code)
-                bad_json = await http.post("/v1/messages", content=b"{nope",
-                                           headers=headers or {"authorization": ""})
-                statuses.add(bad_json.status_code)
+                for route in routes:
+                    for body in bodies:
+                        response = await http.post(route, json=body, headers=headers)
+                        statuses.add(response.status_code)
+                    bad_json = await http.post(route, content=b"{nope", headers=headers)
+                    statuses.add(bad_json.status_code)
+                for path in ("/v1/models", "/v1/models/gpt-test", "/v1/models/no-such-model",
+                             "/model/info", "/model_group/info"):
+                    statuses.add((await http.get(path, headers=headers)).status_code)
                 assert statuses == {401}
+            # /health is the master key's: a virtual key and a made-up one hear the same.
+            made_up = await http.get("/health", headers={"authorization": "Bearer sk-nope"})
+            virtual = await http.get("/health")
+            assert made_up.status_code == virtual.status_code == 403
+            assert made_up.json()["error"] == virtual.json()["error"]
             known = await http.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
             assert known.status_code == 404  # with a valid key, the precise answer
 
