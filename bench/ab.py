@@ -6,7 +6,7 @@ upstream, their points alternating, so that a noisy host affects them alike.
 Each tree runs as ``PYTHONPATH=<tree> python -m triogate serve`` (1 worker, governed: key,
 team and end-user budgets, RPM/TPM). Per point: req/s, p50/p99, the gateway's and Redis's
 CPU per request, and the server's microseconds in scripts per request (INFO
-commandstats). ``--profile I:C`` records tree I at C connections with py-spy
+commandstats). ``--profile I:C[,I:C...]`` records tree I at C connections with py-spy
 (``/tmp/prof-I-C.txt``). ``AB_VERBOSE=1`` adds per-command calls and µs per request.
 """
 
@@ -56,7 +56,7 @@ def main() -> None:
     p.add_argument("--target", default="governed", choices=["governed", "master"])
     p.add_argument("--stream", action="store_true")
     p.add_argument("--latency-ms", type=float, default=20)
-    p.add_argument("--profile", default="", help="TREE_INDEX:CONNECTIONS")
+    p.add_argument("--profile", default="", help="TREE_INDEX:CONNECTIONS[,...]")
     p.add_argument("--extra", default="", help="JSON merged into triogate: (not for a "
                    "tree whose path contains 'base', which may not know the settings)")
     a = p.parse_args()
@@ -102,7 +102,7 @@ def point(a: argparse.Namespace, r: int, c: int, i: int, url: str, key: str,
     procs.wait_idle(watch)
     u0, c0 = redis_usec(rport), procs.cpu_snapshot(watch)
     spy = None
-    if a.profile == f"{i}:{c}":
+    if f"{i}:{c}" in a.profile.split(","):
         spy = subprocess.Popen(
             ["py-spy", "record", "--format", "raw", "--rate", "100", "--gil", "-d", str(a.d),
              "-o", f"/tmp/prof-{i}-{c}.txt", "-p", str(w[0].pid)],

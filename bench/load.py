@@ -76,6 +76,26 @@ def gateway_yaml(state_dir: Path, upstream: str) -> dict[str, Any]:
     }
 
 
+def litellm_yaml(upstream: str, redis_port: int) -> dict[str, Any]:
+    """The same two deployments for the LiteLLM proxy, with usage-based routing and the
+    Redis response cache on the benchmark's Redis (master key only: LiteLLM's virtual keys
+    need its PostgreSQL schema)."""
+    def deployment(name: str) -> dict[str, Any]:
+        return {"model_name": GROUP, "model_info": {"id": name}, "litellm_params": {
+            "model": f"openai/{name}", "api_base": f"{upstream}/v1", "api_key": UPSTREAM_KEY,
+            "rpm": 1_000_000_000, "tpm": 100_000_000_000}}
+
+    redis = {"host": "127.0.0.1", "port": redis_port}
+    return {
+        "model_list": [deployment("up-a"), deployment("up-b")],
+        "router_settings": {"routing_strategy": "usage-based-routing-v2",
+                            "redis_host": "127.0.0.1", "redis_port": redis_port},
+        "litellm_settings": {"cache": True, "set_verbose": False,
+                             "cache_params": {"type": "redis", **redis, "ttl": 600}},
+        "general_settings": {"master_key": MASTER_KEY},
+    }
+
+
 def provision(url: str) -> str:
     """Team, key, end user (budgets large, limits high: nothing is refused); the key."""
     team = procs.admin_post(url, MASTER_KEY, "/team/new", {
@@ -180,14 +200,19 @@ class Bench:
                         self.point(url, variant="gateway, 1 worker", target="governed",
                                    stream=False, connections=c, cache="hit", watch=w,
                                    gateway_url=url)
-            if self.args.overload_connections:
-                self.overload(upstream_url, direct_url, base)
-            with self.gateway("gateway, 2 workers", governed, 2, direct_url, base) as (url, w):
-                self.grid(url, "gateway, 2 workers", "governed", w, None)
             label = "gateway, 1 worker, governance off"
             with self.gateway(label, bare_config, 1, direct_url, base) as (url, w):
                 self.grid(url, label, "master", w, url)
-            self.behind_proxy(proxy, governed, base)
+            if self.args.litellm:
+                self.litellm(upstream_url, base)
+            if self.args.overload_connections:
+                self.overload(upstream_url, direct_url, base)
+            if not self.args.no_two_workers:
+                with self.gateway("gateway, 2 workers", governed, 2, direct_url,
+                                  base) as (url, w):
+                    self.grid(url, "gateway, 2 workers", "governed", w, None)
+            if not self.args.no_proxy:
+                self.behind_proxy(proxy, governed, base)
             if self.args.profile:
                 self.profile_run(governed, direct_url)
         finally:
@@ -221,6 +246,27 @@ class Bench:
                 procs.peak_rss_kib(p.pid) for p in watch["gateway"]]})
         finally:
             gateway.stop()
+
+    def litellm(self, upstream_url: str, base: dict[str, list[psutil.Process]]) -> None:
+        """The LiteLLM proxy, 1 worker, the same deployments, usage-based routing and
+        Redis cache, the master key, non-streaming: the side-by-side column."""
+        config = self.work / "litellm.yaml"
+        config.write_text(yaml.safe_dump(litellm_yaml(upstream_url, self.redis_port)))
+        proc, url = procs.start_litellm(self.logs, litellm=self.args.litellm, config=config)
+        variant = "litellm, 1 worker, master key"
+        try:
+            root = psutil.Process(proc.pid)
+            watch = {**base, "gateway": [root, *root.children(recursive=True)]}
+            procs.run_wrk(f"{url}/v1/chat/completions", connections=32,
+                          duration_s=self.args.warmup_s,
+                          env=self.wrk_env(target="master", stream=False), out_dir=self.work)
+            for c in self.args.litellm_connections:
+                self.point(url, variant=variant, target="master", stream=False,
+                           connections=c, watch=watch)
+            self.memory.append({"variant": variant, "workers": 1, "peak_rss_kib": [
+                sum(procs.peak_rss_kib(p.pid) for p in watch["gateway"])]})
+        finally:
+            proc.stop()
 
     def overload(self, upstream_url: str, redis_url: str,
                  base: dict[str, list[psutil.Process]]) -> None:
@@ -323,6 +369,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="the overload point's triogate.max_in_flight")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one worker with py-spy at 32 connections")
+    parser.add_argument("--litellm", type=Path, default=None,
+                        help="the `litellm` executable of a venv with litellm[proxy]: "
+                        "adds LiteLLM's column (non-streaming, master key)")
+    parser.add_argument("--litellm-connections", type=int, nargs="+", default=[1, 32, 256])
+    parser.add_argument("--no-two-workers", action="store_true",
+                        help="skip the 2-worker grid")
+    parser.add_argument("--no-proxy", action="store_true",
+                        help="skip the Redis-behind-the-delay-proxy grid and sweep")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.quick:

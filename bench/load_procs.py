@@ -187,6 +187,30 @@ def start_gateway(log_dir: Path, *, config: Path, workers: int, redis_url: str,
         time.sleep(0.1)
 
 
+def start_litellm(log_dir: Path, *, litellm: Path, config: Path) -> tuple[Proc, str]:
+    """The LiteLLM proxy (``litellm --config``, 1 worker) from its own virtualenv, for the
+    side-by-side column; returns once ``/health/liveliness`` answers 200."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = Proc.start("litellm", [str(litellm), "--config", str(config), "--port", str(port),
+                                  "--host", "127.0.0.1", "--num_workers", "1"], log_dir,
+                      env={**env, "LITELLM_LOG": "ERROR"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health/liveliness", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.popen.poll() is not None:
+            raise BenchError(f"litellm exited: {proc.log_tail()}")
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise BenchError(f"litellm not ready: {proc.log_tail()}")
+        time.sleep(0.25)
+
+
 def gateway_workers(proc: Proc, count: int) -> list[psutil.Process]:
     """The ``count`` processes that serve requests: the gateway itself (1 worker; under
     py-spy, its child), or the supervisor's ``--listen-fd`` children."""

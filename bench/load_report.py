@@ -89,6 +89,8 @@ def summarise(wrk: dict[str, Any], *, variant: str, stream: bool, connections: i
                           f'triogate_redis_waits_per_request_count{{phase="{phase}"}}')
             waits[phase] = round(total / count, 3) if total is not None and count else None
         point["gateway"] = {
+            "latency": histogram_quantiles(m_after, m_before,
+                                           "triogate_request_duration_seconds"),
             "post_call_batches": batches, "settler_flushes": flushes,
             "settler_flushes_per_batch": (round(flushes / batches, 4)
                                           if flushes is not None and batches else None),
@@ -97,6 +99,28 @@ def summarise(wrk: dict[str, Any], *, variant: str, stream: bool, connections: i
             - _sum_prefix(m_before, "triogate_degraded_decisions_total"),
         }
     return point
+
+
+def histogram_quantiles(after: dict[str, float], before: dict[str, float], name: str,
+                        quantiles: tuple[float, ...] = (0.5, 0.99)) -> dict[str, Any]:
+    """Upper bucket bounds (s) of ``quantiles`` of a /metrics histogram over the window,
+    summed over its labels, and the number observed: the gateway's own view (for the
+    overload point: the admitted requests only, since a refused one is never observed)."""
+    per_le: dict[float, float] = {}
+    for key, value in after.items():
+        if key.startswith(name + "_bucket{"):
+            le = key.split('le="')[1].split('"')[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            per_le[bound] = per_le.get(bound, 0.0) + value - before.get(key, 0.0)
+    if not per_le:
+        return {}
+    bounds = sorted(per_le)
+    total = per_le[bounds[-1]]
+    out: dict[str, Any] = {"observed": int(total)}
+    for q in quantiles:
+        out[f"p{q * 100:g}_le_s"] = next(
+            (b for b in bounds if total and per_le[b] >= q * total), None)
+    return out
 
 
 def one_line(p: dict[str, Any]) -> str:
@@ -262,6 +286,60 @@ def _sweep_lines(summary: dict[str, Any], rounds: int) -> list[str]:
     return lines
 
 
+def _find(points: list[dict[str, Any]], variant: str, c: int,
+          mode: str = "json") -> dict[str, Any] | None:
+    return next((p for p in points if p["variant"] == variant and p["connections"] == c
+                 and p["mode"] == mode and p["cache"] == "miss"), None)
+
+
+def goal_lines(points: list[dict[str, Any]]) -> list[str]:
+    """Issue 13's goals, each as the figure measured in this run against its target."""
+    gov, lite = "gateway, 1 worker", "litellm, 1 worker, master key"
+    lines = ["| goal | measured in this run | target |", "|---|---|---|"]
+    g32, l32 = _find(points, gov, 32), _find(points, lite, 32)
+    if g32 and l32:
+        lines.append(
+            f"| 1. governed req/s per worker at c=32 vs LiteLLM (master key) | {g32['rps']:.0f} "
+            f"vs {l32['rps']:.0f} req/s: **{g32['rps'] / l32['rps']:.1f}x**; CPU ms/req "
+            f"{_f(g32['cpu_ms_per_request'].get('gateway'))} vs "
+            f"{_f(l32['cpu_ms_per_request'].get('gateway'))} | ≥ 10x |")
+    for c in (256, 1024):
+        gc = _find(points, gov, c)
+        if g32 and gc:
+            cpu32 = g32["cpu_ms_per_request"].get("gateway")
+            cpuc = gc["cpu_ms_per_request"].get("gateway")
+            lines.append(
+                f"| 2. c={c} vs c=32, governed | req/s {gc['rps']:.0f} vs {g32['rps']:.0f}: "
+                f"**{gc['rps'] / g32['rps']:.0%}**; CPU ms/req {_f(cpuc)} vs {_f(cpu32)} "
+                f"({_f(cpuc / cpu32 if cpuc and cpu32 else None)}x) | ≥ 90 %, CPU flat |")
+    g1, d1 = _find(points, gov, 1), _find(points, "direct", 1)
+    if g1 and d1:
+        gl, dl = g1["latency_ms"], d1["latency_ms"]
+        lines.append(
+            f"| 4. added p99 at c=1, governed | {gl['p99']:.2f} - {dl['p99']:.2f} = "
+            f"**{gl['p99'] - dl['p99']:+.2f} ms** (added p50 {gl['p50'] - dl['p50']:+.2f} ms) "
+            "| ≤ 3 ms |")
+    if g32:
+        redis_ms = _f(g32["cpu_ms_per_request"].get("redis"), 3)
+        lines.append(
+            f"| 5. Redis CPU per governed request, c=32 | **{redis_ms} "
+            f"ms** of the server's CPU; {_f(g32.get('redis_script_usec_per_request'), 1)} µs in "
+            f"scripts (INFO commandstats); {_f(g32.get('redis_scripts_per_request'), 1)} scripts, "
+            f"{_f(g32.get('redis_commands_per_request'), 1)} commands | ≤ 0.1 ms |")
+    over = [p for p in points if "max_in_flight" in p["variant"]]
+    for p in over:
+        lat = (p.get("gateway") or {}).get("latency") or {}
+        ok = (p.get("gateway") or {}).get("post_call_batches")
+        lines.append(
+            f"| 6. overload, c={p['connections']}, {p['variant'].split(', ')[-1]} | "
+            f"{p['rps']:.0f} answers/s, {p['errors']['status']} refused (503) of "
+            f"{p['requests']}; admitted (gateway histogram): {lat.get('observed', '-')}"
+            f", p50 ≤ {_f(lat.get('p50_le_s'))} s, p99 ≤ {_f(lat.get('p99_le_s'))} s; "
+            f"wrk p99 over all answers {p['latency_ms']['p99']:.0f} ms; "
+            f"post-call batches {_f(ok)} | refused at once, admitted p99 bounded |")
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     s = results["settings"]
     points = results["points"]
@@ -285,6 +363,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"{statistics.median(canaries):.2f} ms; the spread shows how much the shared host "
         "varied while this ran.", "",
     ]
+    out += ["## Issue 13's goals, measured in this run", "", *goal_lines(points), "",
+            "Goal 3 (4,096 open streams) is `bench/streams.py`'s run (`results/streams.md`).",
+            ""]
     for mode, title in (("json", "Non-streaming"), ("stream", "Streaming")):
         out += [f"## {title} chat completions", "",
                 *_rows([p for p in miss if p["mode"] == mode]), ""]
@@ -292,11 +373,13 @@ def markdown(results: dict[str, Any]) -> str:
     if hits:
         out += ["## Response-cache hits (the same prompt every time; no upstream call)", "",
                 *_rows(hits), ""]
-    out += [f"## Redis {s['redis_delay_ms']:g} ms further away (the delay proxy)",
-            "", *_delay_table(points, s["redis_delay_ms"], rtt), "",
-            "The same gateway process served the +0 ms and the delayed grid. *growth ÷ added "
-            "RTT* (one connection only) estimates the waits on the latency path; above one "
-            "connection the gateway is CPU-bound and the latency is queueing.", ""]
+    if any("proxy" in p["variant"] for p in points):
+        out += [f"## Redis {s['redis_delay_ms']:g} ms further away (the delay proxy)",
+                "", *_delay_table(points, s["redis_delay_ms"], rtt), "",
+                "The same gateway process served the +0 ms and the delayed grid. *growth ÷ "
+                "added RTT* (one connection only) estimates the waits on the latency path; "
+                "above one connection the gateway is CPU-bound and the latency is queueing.",
+                ""]
     if results.get("redis_delay_sweep_summary"):
         out += ["### Waits on the latency path: a one-connection sweep", "",
                 *_sweep_lines(results["redis_delay_sweep_summary"], s["sweep_rounds"]), ""]

@@ -101,6 +101,11 @@ async def load_scripts(backend: RespBackend | ClusterBackend) -> int:
 #: collection every 700 surviving container allocations, several per request, and a full
 #: one often enough to walk every object of the imports: the stalls behind the tail.
 GC_THRESHOLDS = (20_000, 20, 20)
+#: Pending connections the kernel queues for accept (capped by net.core.somaxconn).
+#: hypercorn's default of 100 drops the SYNs of a burst of new connections, which then
+#: wait for the client's retransmission (1 s, 3 s, 7 s...) before the gateway sees them:
+#: at 4,096 connections most of them, so the in-flight limit could not even refuse them.
+LISTEN_BACKLOG = 4096
 
 
 def tune_gc() -> None:
@@ -275,6 +280,7 @@ def hypercorn_config(config: GatewayConfig, *, host: str, port: int) -> Hypercor
     hconfig.errorlog = logging.getLogger("hypercorn.error")
     hconfig.keep_alive_timeout = 75
     hconfig.max_app_queue_size = 64
+    hconfig.backlog = LISTEN_BACKLOG
     return hconfig
 
 
@@ -331,6 +337,7 @@ async def serve(
     sockets = None
     if listen_fd is not None:
         sock = socket.socket(fileno=listen_fd)
+        sock.listen(LISTEN_BACKLOG)  # hypercorn listens only on sockets it binds itself
         sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     async with trio.open_nursery() as outer:
         if handle_signals:

@@ -3,6 +3,12 @@ request is answered 503 with ``Retry-After`` at once, in its API's error shape."
 
 from __future__ import annotations
 
+import os
+import socket
+import struct
+import sys
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -10,10 +16,9 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
+from triogate.app import LISTEN_BACKLOG, serve
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -63,3 +68,36 @@ async def test_requests_beyond_the_limit_are_refused_at_once(
     assert upstream_calls_while_full == LIMIT  # the refused ones never went upstream
     assert probe.status_code == 200
     assert after.status_code == 200  # places are given back
+
+
+def _listen_queue_size(sock: socket.socket) -> int:
+    """The kernel's accept-queue size of a listening socket (Linux TCP_INFO: for a socket
+    in LISTEN, ``tcpi_sacked`` holds the backlog the last ``listen()`` asked for)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    (size,) = struct.unpack_from("I", info, 28)
+    return int(size)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="TCP_INFO of a listening socket")
+async def test_the_listen_queue_holds_a_burst_of_connections(
+    tmp_path: Path, redis_url: str, upstream: FakeUpstream
+) -> None:
+    # hypercorn's default backlog (100) dropped the SYNs of a burst (31,602 listen
+    # overflows while wrk opened 4,096 connections); dropped clients wait for their
+    # retransmission (1 s, 3 s, ...) before the in-flight limit can even refuse them.
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url)
+    listener = socket.create_server(("127.0.0.1", 0), backlog=1)
+    probe = socket.socket(fileno=os.dup(listener.fileno()))
+    shutdown = trio.Event()
+    try:
+        assert _listen_queue_size(probe) == 1
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(partial(serve, config, listen_fd=listener.detach(),
+                                            shutdown=shutdown, handle_signals=False))
+                size = _listen_queue_size(probe)
+                shutdown.set()
+    finally:
+        probe.close()
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    assert size == min(LISTEN_BACKLOG, somaxconn) > 100

@@ -99,6 +99,23 @@ async def test_chunked_body_split_anywhere(server) -> None:  # type: ignore[no-u
     assert transport.connections_opened == 1
 
 
+async def test_chunks_that_arrive_together_are_read_as_one_piece(server) -> None:  # type: ignore[no-untyped-def]
+    # One send: three whole chunks, the last chunk and a part of nothing else; then,
+    # after a pause, two more. A stream that fell behind catches up in one piece per
+    # read, and the connection is still reused.
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    burst = b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n"
+    tail = b"4\r\nfour\r\n4\r\nfive\r\n0\r\n\r\n"
+    url = await server(lambda _: [head + burst, b"<pause>", tail])
+    client, transport = _client()
+    async with client:
+        for _ in range(2):
+            async with client.stream("POST", url, content=b"x") as response:
+                pieces = [c async for c in response.aiter_raw()]
+            assert pieces == [b"onetwothree", b"fourfive"]
+    assert transport.connections_opened == 1
+
+
 async def test_body_to_the_end_of_the_connection(server) -> None:  # type: ignore[no-untyped-def]
     url = await server(lambda head: [b"HTTP/1.0 200 OK\r\n\r\n", b"abc", b"def", b"<close>"])
     client, transport = _client()

@@ -99,7 +99,10 @@ async def completions(services: Services, request: Request) -> Response:
 
         async def translated(write: Callable[[bytes], Awaitable[None]]) -> None:
             async def rewrite(chunk: bytes) -> None:
-                await write(_rewrite_event(chunk))
+                # One write may carry several events (a burst from one upstream read);
+                # chat events are "data: <json>\n\n" and JSON has no raw newlines.
+                await write(b"".join(_rewrite_event(event + b"\n\n")
+                                     for event in chunk.split(b"\n\n") if event))
             await produce(rewrite)
 
         response.produce = translated

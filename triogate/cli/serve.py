@@ -79,7 +79,8 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig,
     if config.settings.redis.url is None:
         server = SyncServer(config.state_dir / "redis", persistent=True)
         env["TRIOGATE_REDIS_URL"] = server.url
-    listener = socket.create_server((args.host, args.port), backlog=2048)
+    # Each worker listens on it again with triogate.app.LISTEN_BACKLOG (the same size).
+    listener = socket.create_server((args.host, args.port), backlog=4096)
     listener.set_inheritable(True)
     fd = listener.fileno()
     command = [sys.executable, "-m", "triogate", "serve", "--host", args.host,

@@ -118,6 +118,10 @@ class ProviderStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
 
+    def next_nowait(self) -> dict[str, Any] | None:
+        """The next event if no read is needed for it, else None (not a checkpoint)."""
+        ...
+
     @property
     def usage(self) -> Usage: ...
 

@@ -165,6 +165,9 @@ class _TimedChunks:
         await trio.sleep_until(self._start + offset_s)
         return chunk
 
+    def next_nowait(self) -> dict[str, Any] | None:
+        return None  # every chunk has its own time
+
 
 class MockProvider:
     """The ``mock/`` provider: every API, deterministic replies, configurable timing.

@@ -154,6 +154,11 @@ class EventSource(Protocol):
 
     async def next_event(self) -> dict[str, Any] | None: ...
 
+    def next_nowait(self) -> dict[str, Any] | None:
+        """The next event if it is already read and decodes cleanly; else None (then
+        ``next_event`` reads, ends the stream or raises). Never blocks, never raises."""
+        ...
+
 
 class SSESource:
     """Upstream events decoded from an httpx streaming response.
@@ -201,6 +206,21 @@ class SSESource:
             raise ProviderProtocolError(
                 f"upstream stream event is not an object: {sse.data[:200]!r}"
             )
+        return value
+
+    def next_nowait(self) -> dict[str, Any] | None:
+        """The next event if the last read already brought it (an upstream that sent
+        several at once, or a gateway that fell behind); None when a read is needed, at
+        [DONE], or for data that is not a JSON object (``next_event`` raises for it)."""
+        if not self._pending:
+            return None
+        try:
+            value = orjson.loads(self._pending[0].data)
+        except orjson.JSONDecodeError:
+            return None  # [DONE] or bad data: left for next_event
+        if not isinstance(value, dict):
+            return None
+        self._pending.popleft()
         return value
 
 
@@ -429,6 +449,7 @@ class TranslatedStream:
         self._translator = translator
         self._pending: collections.deque[dict[str, Any]] = collections.deque()
         self._done = False
+        self._error: ProviderProtocolError | None = None  # found by next_nowait
 
     @property
     def usage(self) -> Usage:
@@ -443,6 +464,8 @@ class TranslatedStream:
         # looping over a burst of events stays cancellable and lets other tasks run.
         await trio.lowlevel.checkpoint()
         while not self._pending:
+            if self._error is not None:
+                raise self._error
             if self._done:
                 raise StopAsyncIteration
             event = await self._source.next_event()
@@ -459,6 +482,29 @@ class TranslatedStream:
                 raise ProviderProtocolError(
                     f"upstream stream event has an unexpected shape: {exc!r}"
                 ) from exc
+        return self._pending.popleft()
+
+    def next_nowait(self) -> dict[str, Any] | None:
+        """The next event if it needs no read (a burst the upstream's last read brought),
+        so that the caller can forward a burst in one write; None otherwise, and then
+        ``__anext__`` reads, finishes or raises (a shape error found here included). Not
+        a checkpoint; never raises."""
+        while not self._pending:
+            if self._done or self._error is not None:
+                return None
+            event = self._source.next_nowait()
+            if event is None:
+                return None
+            try:
+                self._tracker.observe(event)
+                self._pending.extend(self._translator.feed(event))
+            except SHAPE_ERRORS as exc:
+                self._done = True
+                self._error = ProviderProtocolError(
+                    f"upstream stream event has an unexpected shape: {exc!r}"
+                )
+                self._error.__cause__ = exc
+                return None
         return self._pending.popleft()
 
 

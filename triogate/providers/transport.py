@@ -219,13 +219,37 @@ class _Body(httpx.AsyncByteStream):
             if buf[size : size + 2] != b"\r\n":
                 raise httpx.RemoteProtocolError("chunk without CRLF", request=self._request)
             del buf[: size + 2]
-            yield piece
+            # Chunks the same read brought leave together: a stream that fell behind
+            # catches up in one pass downstream (one SSE parse and one client write
+            # per read, not per chunk).
+            pieces = [piece]
+            while (more := _buffered_chunk(buf)) is not None:
+                pieces.append(more)
+            yield piece if len(pieces) == 1 else b"".join(pieces)
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
         await self._transport._release(conn, reuse=self._done and self._keep_alive)
+
+
+def _buffered_chunk(buf: bytearray) -> bytes | None:
+    """Take the next data chunk if it is whole in ``buf``; else None and ``buf`` as it
+    was (an incomplete, last or malformed chunk is left for ``_Body._chunks``)."""
+    end = buf.find(b"\r\n")
+    if end < 0:
+        return None
+    try:
+        size = int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        return None
+    start = end + 2
+    if size == 0 or len(buf) < start + size + 2 or buf[start + size : start + size + 2] != b"\r\n":
+        return None
+    piece = bytes(buf[start : start + size])
+    del buf[: start + size + 2]
+    return piece
 
 
 @final

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from triogate.providers.streaming import ServerSentEvent, SSEDecoder
+from triogate.errors import ProviderProtocolError
+from triogate.providers.streaming import (
+    ChatUsageTracker,
+    Passthrough,
+    ServerSentEvent,
+    SSEDecoder,
+    SSESource,
+    TranslatedStream,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 def decode(*chunks: bytes) -> list[ServerSentEvent]:
@@ -84,3 +97,45 @@ def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
     assert decode(*chunks) == decode(STREAM)
     assert [e.data for e in decode(STREAM)] == ['{"a": 1}', "line1\nline2", "cr-only", "[DONE]"]
     assert [e.event for e in decode(STREAM)] == ["message_start", "message", "x", "message"]
+
+
+# --------------------------------------------------------------------------- bursts
+
+
+def _source(body: bytes) -> SSESource:
+    return SSESource(httpx.Response(200, content=body))
+
+
+async def test_a_burst_from_one_read_is_handed_out_without_reading() -> None:
+    body = b"".join(b'data: {"n": %d}\n\n' % i for i in range(3)) + b"data: [DONE]\n\n"
+    source = _source(body)
+    assert source.next_nowait() is None  # nothing read yet
+    assert await source.next_event() == {"n": 0}  # one read brings all four events
+    assert [source.next_nowait(), source.next_nowait()] == [{"n": 1}, {"n": 2}]
+    assert source.next_nowait() is None  # [DONE] is next_event's to end the stream
+    assert await source.next_event() is None
+
+
+async def test_bad_data_in_a_burst_is_left_for_next_event_to_raise() -> None:
+    source = _source(b'data: {"n": 0}\n\ndata: [1]\n\ndata: {"n": 2}\n\n')
+    assert await source.next_event() == {"n": 0}
+    assert source.next_nowait() is None
+    with pytest.raises(ProviderProtocolError, match="not an object"):
+        await source.next_event()
+
+
+class _Picky(Passthrough):
+    """A translator that cannot read an event without ``n`` (a shape error)."""
+
+    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return [{"n": event["n"]}]
+
+
+async def test_a_translated_burst_defers_a_shape_error_to_the_next_read() -> None:
+    body = b'data: {"n": 0}\n\ndata: {"n": 1}\n\ndata: {"m": 2}\n\ndata: {"n": 3}\n\n'
+    stream = TranslatedStream(_source(body), ChatUsageTracker(input_tokens=1), _Picky())
+    assert await stream.__anext__() == {"n": 0}
+    assert stream.next_nowait() == {"n": 1}
+    assert stream.next_nowait() is None  # the bad event is consumed, its error kept
+    with pytest.raises(ProviderProtocolError, match="unexpected shape"):
+        await stream.__anext__()
