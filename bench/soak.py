@@ -39,6 +39,11 @@ from tests.chaos.harness import (
 from triogate.batch import BackendUnavailable, RespBackend
 from triogate.testing.fakeupstream import open_fake_upstream
 
+#: The data set grows with the run (a routing marker per request lives 10 min), and a slow
+#: restart loads every key slowly: 4 s after 2 minutes, 19 s after 5 (a 30 s wait failed a
+#: 10-minute soak at its third slow restart).
+LOAD_TIMEOUT_S = 180.0
+
 
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -68,7 +73,7 @@ async def fault(redis: AofRedis, n: int, padded: list[bool]) -> str:
             redis.kill()
             await trio.sleep(2)
             redis.start()
-            await wait_loaded(admin)
+            await wait_loaded(admin, LOAD_TIMEOUT_S)
             return "kill -9, restart after 2 s"
         if kind == 3:
             if not padded:
@@ -76,7 +81,8 @@ async def fault(redis: AofRedis, n: int, padded: list[bool]) -> str:
                 padded.append(True)
             redis.kill()
             redis.start(slow_load=True)
-            return f"kill -9, restart answering LOADING for {await wait_loaded(admin):.1f} s"
+            loading_s = await wait_loaded(admin, LOAD_TIMEOUT_S)
+            return f"kill -9, restart answering LOADING for {loading_s:.1f} s"
         await admin.execute([("CONFIG", "SET", "timeout", "1")])
         await trio.sleep(10)
         await admin.execute([("CONFIG", "SET", "timeout", "0")])

@@ -28,7 +28,7 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from triogate.api import protocol_errors
+from triogate.api import connections, protocol_errors
 from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
 from triogate.batch import (
@@ -273,7 +273,9 @@ async def open_gateway(
 def hypercorn_config(config: GatewayConfig, *, host: str, port: int) -> HypercornConfig:
     """Hypercorn's settings for the gateway (graceful timeout = shutdown grace)."""
     protocol_errors.install()  # 400/431 from the HTTP layer: JSON body, x-request-id
-    hconfig = HypercornConfig()
+    connections.install()  # closed when the client closes; a stalled request times out
+    hconfig = connections.GatewayHttpConfig()
+    hconfig.body_read_timeout_s = config.settings.http.body_read_timeout_s
     hconfig.bind = [f"{host}:{port}"]
     hconfig.graceful_timeout = config.settings.shutdown_grace_s
     hconfig.accesslog = None

@@ -234,11 +234,14 @@ class HttpSettings:
     (or the master key); unset, ``/metrics`` is open, as Prometheus scrapers expect.
     ``cors_allow_origins``: origins (``https://app.example``, or ``"*"``) whose browsers
     may call the gateway; preflight ``OPTIONS`` requests are answered for them.
+    ``body_read_timeout_s``: the longest a partly received request (head or body) may go
+    without a byte before it is answered 408 and its connection closed.
     """
 
     metrics_key: str | None = attrs.field(default=None, repr=False)
     cors_allow_origins: list[str] = attrs.Factory(list)
     cors_max_age_s: int = attrs.field(default=600, validator=_non_negative)
+    body_read_timeout_s: float = attrs.field(default=30.0, validator=_positive)
 
 
 @attrs.frozen(kw_only=True)

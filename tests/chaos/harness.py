@@ -19,8 +19,10 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -30,9 +32,6 @@ import yaml
 from triogate.batch import BackendUnavailable, RespBackend
 from triogate.governance.keys import PARALLEL, budget_keys, rate_window_key
 from triogate.store.records import hash_key
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 MASTER_KEY = "sk-chaos-master"
 UPSTREAM_KEY = "sk-upstream-chaos"
@@ -129,14 +128,75 @@ async def pad_and_rewrite(backend: RespBackend) -> None:
             await trio.sleep(0.05)
 
 
+def postgres_binaries() -> tuple[str, str] | None:
+    """``initdb`` and ``pg_ctl`` on PATH, and a ``postgres`` user to run them as when this
+    process is root (the PostgreSQL tests skip without them)."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        return None
+    if os.geteuid() == 0:
+        import pwd
+
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return None
+    return initdb, pg_ctl
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the test's own (initdb in a temporary folder of its own, which
+    the ``postgres`` user can reach when we are root; a free port; trust authentication)
+    that it may stop abruptly and start again. The shared server other tests use is never
+    touched. :meth:`stop` removes the folder."""
+
+    def __init__(self) -> None:
+        binaries = postgres_binaries()
+        assert binaries is not None
+        self._initdb, self._pg_ctl = binaries
+        self.folder = folder = Path(tempfile.mkdtemp(prefix="triogate-pg-"))
+        self.data = folder / "data"
+        self.port = free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:
+            shutil.chown(folder, "postgres")
+        self._run([self._initdb, "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                   "--no-sync", "-E", "UTF8"])
+
+    def _run(self, argv: list[str]) -> None:
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=60)
+
+    def start(self) -> None:
+        options = (f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 "
+                   "-c fsync=off")
+        self._run([self._pg_ctl, "-D", str(self.data), "-o", options,
+                   "-l", str(self.folder / "postgres.log"), "-w", "start"])
+
+    def crash(self) -> None:
+        """Stop at once, as a crash would (``-m immediate``: no checkpoint, clients cut)."""
+        self._run([self._pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop"])
+
+    def stop(self) -> None:
+        try:
+            if (self.data / "postmaster.pid").exists():
+                self._run([self._pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop"])
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def write_config(path: Path, *, state: Path, redis_url: str, database: Path,
+def write_config(path: Path, *, state: Path, redis_url: str, database: Path | str,
                  upstream_url: str) -> None:
+    """A gateway's YAML; ``database`` is a SQLite file, or a PostgreSQL URL."""
+    database_url = database if isinstance(database, str) else f"sqlite:///{database}"
     priced = {"input_cost_per_token": "0.000001", "output_cost_per_token": "0.000002",
               "api_base": f"{upstream_url}/v1", "api_key": UPSTREAM_KEY}
     path.write_text(yaml.safe_dump({
@@ -148,7 +208,7 @@ def write_config(path: Path, *, state: Path, redis_url: str, database: Path,
         ],
         "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 1},
         "general_settings": {"master_key": MASTER_KEY,
-                             "database_url": f"sqlite:///{database}"},
+                             "database_url": database_url},
         "triogate": {"state_dir": str(state), "redis": {"url": redis_url, "timeout_s": 0.5},
                      "policies": {"budgets": "fail-open", "rate_limits": "fail-open"},
                      "shutdown_grace_s": 10},
@@ -304,12 +364,19 @@ class MoneyReport:
     discrepancies: list[str]
 
 
-def spend_log_sums(database: Path) -> tuple[int, dict[tuple[str, str], int]]:
-    """Row count, and the sum of ``cost_nanousd`` per (kind, id) over every row."""
+def spend_log_sums(database: Path | str) -> tuple[int, dict[tuple[str, str], int]]:
+    """Row count, and the sum of ``cost_nanousd`` per (kind, id) over every row, from a
+    SQLite file or a PostgreSQL URL."""
     sums: dict[tuple[str, str], int] = defaultdict(int)
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
-        rows = db.execute(
-            "SELECT key_hash, team_id, end_user, cost_nanousd FROM spend_logs").fetchall()
+    query = "SELECT key_hash, team_id, end_user, cost_nanousd FROM spend_logs"
+    if isinstance(database, str):
+        import psycopg
+
+        with psycopg.connect(database) as pg:
+            rows = pg.execute(query).fetchall()
+    else:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+            rows = db.execute(query).fetchall()
     for key_hash, team_id, end_user, cost in rows:
         for kind, ident in (("key", key_hash), ("team", team_id), ("end_user", end_user)):
             if ident is not None:
@@ -317,7 +384,7 @@ def spend_log_sums(database: Path) -> tuple[int, dict[tuple[str, str], int]]:
     return len(rows), sums
 
 
-async def money_check(redis_url: str, database: Path, made: Principals) -> MoneyReport:
+async def money_check(redis_url: str, database: Path | str, made: Principals) -> MoneyReport:
     """For every key, team and end user: Redis spend == sum of spend-log rows, nothing
     reserved or held, no lease, no parallel slot. Read with the gateway's key builders."""
     rows, sums = await trio.to_thread.run_sync(spend_log_sums, database)

@@ -1,12 +1,14 @@
 """Exactly-once money under Redis faults, through two gateway processes.
 
 Two ``python -m triogate serve`` processes share one redis-server (AOF, ``appendfsync
-always``) and one SQLite database, under continuous load (chats and streams, random
-keys, teams and end users). Meanwhile the test kills every client connection, pauses
-Redis (SIGSTOP) and resumes it, kills it (-9) and restarts it, and restarts it with a
-data set that keeps it answering LOADING for about two seconds. Afterwards, for every
-key, team and end user, the spend in Redis equals the sum of the spend-log rows to the
-nano-dollar, and nothing stays reserved, held or leased.
+always``) and one database (SQLite, or a PostgreSQL cluster of the test's own), under
+continuous load (chats and streams, random keys, teams and end users). Meanwhile the test
+kills every client connection, pauses Redis (SIGSTOP) and resumes it, kills it (-9) and
+restarts it, and restarts it with a data set that keeps it answering LOADING for about
+two seconds; with PostgreSQL it also crashes the database (``pg_ctl -m immediate``) and
+starts it again 1.5 s later. Afterwards, for every key, team and end user, the spend in
+Redis equals the sum of the spend-log rows to the nano-dollar, and nothing stays
+reserved, held or leased.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from tests.chaos.harness import (
     AofRedis,
     GatewayProcess,
     LoadStats,
+    PrivatePostgres,
     client_loop,
     create_principals,
     money_check,
     pad_and_rewrite,
+    postgres_binaries,
     redis_binary,
     wait_loaded,
     write_config,
@@ -44,8 +48,10 @@ pytestmark = [
 CLIENTS = 8
 
 
-async def inject_faults(redis: AofRedis, faults: list[str]) -> None:
-    """The fault schedule, about 15 s; each fault followed by a stretch of normal load."""
+async def inject_faults(redis: AofRedis, faults: list[str],
+                        postgres: PrivatePostgres | None = None) -> None:
+    """The fault schedule, about 15 s (18 s with PostgreSQL); each fault followed by a
+    stretch of normal load."""
     admin = RespBackend(redis.url, command_timeout_s=5)
     try:
         await trio.sleep(1.5)
@@ -77,14 +83,31 @@ async def inject_faults(redis: AofRedis, faults: list[str]) -> None:
         await admin.execute([("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")])
         faults.append("client kill")
         await trio.sleep(1.0)
+
+        if postgres is not None:
+            await trio.to_thread.run_sync(postgres.crash)
+            faults.append("PostgreSQL crashed (immediate stop), down 1.5 s, restarted")
+            await trio.sleep(1.5)
+            await trio.to_thread.run_sync(postgres.start)
+            await trio.sleep(1.5)
     finally:
         await admin.aclose()
 
 
-async def test_money_is_exact_after_redis_faults_under_load(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", [
+    "sqlite",
+    pytest.param("postgresql", marks=pytest.mark.skipif(
+        postgres_binaries() is None, reason="needs initdb and pg_ctl on PATH")),
+])
+async def test_money_is_exact_after_redis_faults_under_load(tmp_path: Path, engine: str) -> None:
     redis = AofRedis(tmp_path / "redis")
     await redis.start()
-    database = tmp_path / "spend.db"
+    postgres: PrivatePostgres | None = None
+    database: Path | str = tmp_path / "spend.db"
+    if engine == "postgresql":
+        postgres = await trio.to_thread.run_sync(PrivatePostgres)  # initdb: off the loop
+        await trio.to_thread.run_sync(postgres.start)
+        database = postgres.url
     gateways: list[GatewayProcess] = []
     try:
         async with open_fake_upstream() as upstream:
@@ -104,7 +127,7 @@ async def test_money_is_exact_after_redis_faults_under_load(tmp_path: Path) -> N
                     for c in range(CLIENTS):
                         nursery.start_soon(partial(client_loop, [g.url for g in gateways],
                                                    made, stats, stop, seed=c))
-                    await inject_faults(redis, faults)
+                    await inject_faults(redis, faults, postgres)
                     stop.set()
                 bodies = [await g.wait_settled() for g in gateways]
                 metrics = [await g.metrics() for g in gateways]
@@ -114,6 +137,8 @@ async def test_money_is_exact_after_redis_faults_under_load(tmp_path: Path) -> N
         for gateway in gateways:
             gateway.kill()
         await trio.to_thread.run_sync(redis.stop)  # waits up to 5 s for the exit
+        if postgres is not None:
+            await trio.to_thread.run_sync(postgres.stop)
     answered = sum(stats.statuses.values())
     print(f"\nrequests sent {stats.sent}, answered {answered} {dict(stats.statuses)}, "
           f"streams {stats.streams}, transport errors {stats.transport_errors}")
@@ -124,7 +149,7 @@ async def test_money_is_exact_after_redis_faults_under_load(tmp_path: Path) -> N
     for line in report.discrepancies:
         print("  " + line)
     assert codes == [0, 0]
-    assert len(faults) == 5
+    assert len(faults) == (6 if postgres is not None else 5)
     assert stats.transport_errors == 0 and answered == stats.sent
     assert report.rows == answered  # one spend-log row per request, none lost
     assert report.spend_nanousd > 0

@@ -20,12 +20,14 @@ from triogate.api import auth, controls, settlement
 from triogate.api.errors import ApiError
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
-from triogate.governance import budgets, rate_limits
+from triogate.governance import budgets, leases, rate_limits
 from triogate.governance.decisions import Allowed, Decision, Rejected, first_rejected
 from triogate.governance.facts import RequestFacts
 from triogate.routing.router import RoutingFacts
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from triogate.api.flow import Call
     from triogate.api.services import Services
     from triogate.batch import BatchScope, Participant
@@ -85,6 +87,18 @@ class Admission:
             headers["x-triogate-trace-id"] = call.trace_id
             headers["x-triogate-redis-waits-before"] = str(self.waits_before)
         return headers
+
+
+def keep_leases(services: Services, admitted: Admission) -> AbstractAsyncContextManager[None]:
+    """Renew the request's leases (reservations, parallel slots) while the block runs, so
+    a call or a stream longer than ``lease_s`` keeps them (``governance/leases.py``)."""
+    held = leases.held(
+        admitted.budgets.reservation if admitted.budgets is not None else None,
+        admitted.rates.admission if admitted.rates is not None else None,
+        services.checks.lease_ms,
+    )
+    return leases.kept(services.backends, admitted.request.request_id, held,
+                       services.checks, services.clock_ms)
 
 
 def estimate_nanousd(services: Services, call: Call) -> int:

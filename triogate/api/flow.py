@@ -172,7 +172,8 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
         return await provider.complete(call.api, controls.body_for(call, deployment),
                                        deployment)
 
-    result = await _route(services, call, admitted, attempt)
+    async with admission.keep_leases(services, admitted):
+        result = await _route(services, call, admitted, attempt)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
     await settlement.settle(services, call, admitted, outcome=outcome)
@@ -206,7 +207,8 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             raise
         return _Open(stack, stream, events, first)
 
-    result = await _route(services, call, admitted, attempt)
+    async with admission.keep_leases(services, admitted):
+        result = await _route(services, call, admitted, attempt)
     opened = result.value
     first_token_s = trio.current_time() - call.request.started_at
     services.metrics.ttft.labels(call.route, call.group).observe(first_token_s)
@@ -216,19 +218,20 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         error: ProviderError | None = None
         finished = False
         try:
-            event = opened.first
-            while event is not None:
-                # Events the upstream's last read brought together leave in one write
-                # (hypercorn's send path costs more than the event's own work).
-                burst: list[bytes] = []
+            async with admission.keep_leases(services, admitted):  # a stream past lease_s
+                event = opened.first
                 while event is not None:
-                    events.append(event)
-                    if _forward(call, event):
-                        burst.append(sse.encode(call.api, event))
-                    event = opened.stream.next_nowait()
-                if burst:
-                    await write(b"".join(burst))
-                event = await anext(opened.events, None)
+                    # Events the upstream's last read brought together leave in one write
+                    # (hypercorn's send path costs more than the event's own work).
+                    burst: list[bytes] = []
+                    while event is not None:
+                        events.append(event)
+                        if _forward(call, event):
+                            burst.append(sse.encode(call.api, event))
+                        event = opened.stream.next_nowait()
+                    if burst:
+                        await write(b"".join(burst))
+                    event = await anext(opened.events, None)
             await write(sse.end(call.api))
             finished = True
         except ProviderError as exc:

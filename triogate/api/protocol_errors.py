@@ -21,6 +21,7 @@ from triogate.api.errors import ApiError, render
 
 _MESSAGES = {
     400: "malformed HTTP request",
+    408: "request timed out: the client stopped sending it",
     413: "request too large",
     431: "request header fields too large",
 }

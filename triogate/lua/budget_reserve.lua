@@ -4,7 +4,7 @@
 -- KEYS[2]  holds HASH of the period: request id -> reserved amount (nano-USD)
 -- KEYS[3]  leases ZSET of the period: request id -> lease expiry (epoch ms)
 --          All three carry the principal's hash tag (governance/keys.py).
--- ARGV[1]  now_ms              epoch ms; time comes from ARGV, never from TIME
+-- ARGV[1]  now_ms              epoch ms; leases judged by lease_clock(now_ms) (below)
 -- ARGV[2]  request_id
 -- ARGV[3]  estimate_nanousd    amount to reserve (integer >= 0)
 -- ARGV[4]  max_budget_nanousd  the period's budget (integer >= 0)
@@ -16,12 +16,25 @@
 -- Rule: admit iff spend + reserved + estimate <= max_budget, EXCEPT that when nothing is
 -- used yet (spend + reserved == 0) the request is admitted whenever spend < max_budget, so
 -- one large max_tokens estimate cannot lock a fresh period out forever.
--- Expired leases are purged (and subtracted from `reserved`) before the check.
+-- Expired leases are purged (and subtracted from `reserved`) before the check; a lease's
+-- expiry is judged by Redis's clock, or the caller's when that is behind (lease_clock).
 -- A request id that already holds a reservation is admitted again with no change, so a
 -- retried call cannot reserve twice.
 -- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53 (~9 million USD).
 
 local LIMIT = 9007199254740992
+
+-- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
+-- whose clock is fast must not expire other gateways' live leases. A caller whose clock
+-- is behind Redis's judges (and writes) by its own, which only purges later; holders
+-- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
+-- effects, so TIME may precede writes.
+local function lease_clock(caller_ms)
+  local t = redis.call('TIME')
+  local server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if caller_ms < server_ms then return caller_ms end
+  return server_ms
+end
 
 local function int(i, min)
   local v = tonumber(ARGV[i])
@@ -36,9 +49,10 @@ if not (now_ms and estimate and max_budget and lease_ms and ttl_ms) or #ARGV ~= 
     .. 'estimate, max_budget, lease_ms (> 0), ttl_ms, all integers >= 0 but request_id')
 end
 local request_id = ARGV[2]
+local lease_now = lease_clock(now_ms)
 
 -- Purge leases of processes that died while holding a reservation.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', lease_now)
 for _, rid in ipairs(expired) do
   local amount = redis.call('HGET', KEYS[2], rid)
   if amount then
@@ -63,7 +77,7 @@ end
 
 redis.call('HINCRBY', KEYS[1], 'reserved', estimate)
 redis.call('HSET', KEYS[2], request_id, estimate)
-redis.call('ZADD', KEYS[3], now_ms + lease_ms, request_id)
+redis.call('ZADD', KEYS[3], lease_now + lease_ms, request_id)
 if ttl_ms > 0 then
   for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl_ms) end
 end

@@ -3,7 +3,8 @@
 -- KEYS[i]  window i of the principal, all with the principal's hash tag (governance/keys.py):
 --            kind 'r' (requests) or 't' (tokens): HASH bucket (epoch second) -> count
 --            kind 'p' (parallel requests):        ZSET request id -> lease expiry (epoch ms)
--- ARGV[1]  now_ms            epoch ms; time comes from ARGV, never from TIME
+-- ARGV[1]  now_ms            epoch ms; time comes from ARGV, never from TIME, except that
+--                            parallel slots' leases are judged by lease_clock(now_ms)
 -- ARGV[2]  request_id
 -- ARGV[3]  estimate_tokens   tokens reserved in 't' windows until settled (integer >= 0)
 -- ARGV[4]  lease_ms          a parallel slot older than this belongs to a dead process (> 0)
@@ -40,6 +41,18 @@ local WINDOW_TTL_MS = 120000
 local PARALLEL_RETRY_MS = 1000
 local LIMIT = 9007199254740992
 
+-- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
+-- whose clock is fast must not expire other gateways' live leases. A caller whose clock
+-- is behind Redis's judges (and writes) by its own, which only purges later; holders
+-- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
+-- effects, so TIME may precede writes.
+local function lease_clock(caller_ms)
+  local t = redis.call('TIME')
+  local server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if caller_ms < server_ms then return caller_ms end
+  return server_ms
+end
+
 local function int(i, min)
   local v = tonumber(ARGV[i])
   if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
@@ -62,6 +75,7 @@ if not ok_args then
     .. 'lease_ms (> 0), then a kind (r|t|p) and an integer limit >= 0 per key')
 end
 local request_id = ARGV[2]
+local lease_now = lease_clock(now_ms)
 local current = math.floor(now_ms / BUCKET_MS)
 local oldest = current - BUCKETS + 1
 
@@ -71,7 +85,7 @@ local ROLL_MAX = 64
 local used, stale, origin = {}, {}, {}
 for i = 1, n do
   if kinds[i] == 'p' then
-    used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', now_ms), '+inf')
+    used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', lease_now), '+inf')
   else
     local key = KEYS[i]
     local head = redis.call('HMGET', key, 't', 'o')
@@ -159,8 +173,8 @@ result[1] = 1
 for i = 1, n do
   local key = KEYS[i]
   if kinds[i] == 'p' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
-    redis.call('ZADD', key, now_ms + lease_ms, request_id)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
+    redis.call('ZADD', key, lease_now + lease_ms, request_id)
     redis.call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
     result[3 + i] = math.max(limits[i] - used[i] - 1, 0)
   else

@@ -11,7 +11,8 @@
 -- KEYS[3]      latency hash   tg:{rt:g}:latency    field <id> -> EWMA (ms, decimal)
 -- KEYS[3+i]    in-flight ZSET of deployment i: request id -> lease expiry (epoch ms)
 --
--- ARGV[1]      now_ms: epoch ms. Time comes from ARGV, never from TIME.
+-- ARGV[1]      now_ms: epoch ms. Time comes from ARGV, never from TIME, except that
+--              claims' leases are judged by lease_clock(now_ms) (below).
 -- ARGV[2]      mode: "read" (no writes at all) or "claim" (least-busy: claim a slot)
 -- ARGV[3]      request id (the claim's ZSET member)
 -- ARGV[4]      lease_ms: how long a claim outlives a process that never releases it
@@ -42,6 +43,19 @@ local lease_ms = tonumber(ARGV[4])
 local estimate = tonumber(ARGV[5])
 local offset = tonumber(ARGV[6])
 
+-- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
+-- whose clock is fast must not expire other gateways' live leases. A caller whose clock
+-- is behind Redis's judges (and writes) by its own, which only purges later; holders
+-- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
+-- effects, so TIME may precede writes.
+local function lease_clock(caller_ms)
+  local t = redis.call('TIME')
+  local server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if caller_ms < server_ms then return caller_ms end
+  return server_ms
+end
+local lease_now = lease_clock(now)
+
 local function num(value)
   if value then return tonumber(value) end
   return 0
@@ -63,10 +77,10 @@ for i = 1, n do
   if s.until_ms <= now then s.until_ms = 0 end
   if claim then
     -- A dead process's claims expire with their lease.
-    redis.call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', lease_now)
     s.in_flight = redis.call('ZCARD', KEYS[3 + i])
   else
-    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], '(' .. now, '+inf')
+    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], '(' .. lease_now, '+inf')
   end
   stats[i] = s
 end
@@ -96,7 +110,7 @@ if claim and claimed == 0 and n > 0 then
   end
   if best ~= nil then
     local key = KEYS[3 + best]
-    redis.call('ZADD', key, now + lease_ms, request_id)
+    redis.call('ZADD', key, lease_now + lease_ms, request_id)
     redis.call('PEXPIRE', key, lease_ms)
     stats[best].in_flight = redis.call('ZCARD', key)
     claimed = best

@@ -1,0 +1,90 @@
+"""Client connections: closed as soon as the client closes, and a request that stops
+arriving is timed out.
+
+hypercorn's trio server (0.18) reads a connection in one loop next to a keep-alive task.
+Two gaps, both seen from outside (``ss -tan``):
+
+* When the client closes an idle kept-alive connection, the read loop ends but the
+  connection's task group still waits for the keep-alive task: the socket sits in
+  CLOSE-WAIT for up to ``keep_alive_timeout`` (75 s), one file descriptor each. Under a
+  128-fd limit, 200 one-shot clients exhausted the process.
+* Without ``read_timeout`` a client that stops in the middle of its request (head or body)
+  holds its connection and its request task forever; with hypercorn's ``read_timeout``
+  every read is bounded, including the ones during a long streamed response, when the
+  client rightly sends nothing, so a stream would be cut as if the client had left.
+
+:func:`install` replaces the read loop: it stops the keep-alive task the moment the
+client's side is closed (the socket is closed once the request in flight, if any, has
+seen its ``http.disconnect``), and bounds each read by ``body_read_timeout_s`` only while
+a request is partly received. A request that times out is answered 408 in the OpenAI
+error shape (when no response has started) and the connection is closed. The swap is
+idempotent, as :mod:`triogate.api.protocol_errors`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import h11
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, RawData
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+
+
+class GatewayHttpConfig(HypercornConfig):
+    """hypercorn's settings plus the gap a partly received request may leave between reads."""
+
+    body_read_timeout_s: float | None = 30.0
+
+
+def mid_request(protocol: Any) -> bool:
+    """Whether an HTTP/1 connection holds part of a request (head or body) and waits for more."""
+    inner = getattr(protocol, "protocol", None)
+    if not isinstance(inner, H11Protocol):
+        return False
+    connection = inner.connection
+    if not isinstance(connection, h11.Connection):
+        return False  # a WebSocket
+    state = connection.their_state
+    if state is h11.SEND_BODY:
+        return True
+    return state is h11.IDLE and bool(connection.trailing_data[0])
+
+
+async def _timed_out(server: Any) -> None:
+    """Answer 408 if nothing was answered yet; the caller then closes the connection."""
+    inner = getattr(server.protocol, "protocol", None)
+    if isinstance(inner, H11Protocol) and inner.connection.our_state in (
+            h11.IDLE, h11.SEND_RESPONSE):
+        with contextlib.suppress(h11.LocalProtocolError):  # a response started meanwhile
+            await inner._send_error_response(408)
+
+
+async def _read_data(self: Any) -> None:
+    timeout = getattr(self.config, "body_read_timeout_s", None)
+    while True:
+        limit = timeout if timeout and mid_request(self.protocol) else math.inf
+        try:
+            with trio.fail_after(limit):
+                data = await self.stream.receive_some(MAX_RECV)
+        except trio.TooSlowError:
+            await _timed_out(self)
+            break
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            break
+        else:
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+    # Nothing more can arrive: the keep-alive wait has nothing left to keep alive.
+    await self.idle_task.stop()
+    await self.protocol.handle(Closed())
+
+
+def install() -> None:
+    """Give hypercorn's trio TCP server the read loop above."""
+    TCPServer._read_data = _read_data  # type: ignore[method-assign]
