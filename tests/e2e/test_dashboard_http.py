@@ -385,6 +385,31 @@ async def test_the_spend_log_filters_by_a_keys_alias_or_hash(gateway: Gateway) -
         assert "alpha" in legend and "beta" in legend
 
 
+async def test_the_spend_page_names_teams_by_alias_and_refused_keys_as_refused(
+    gateway: Gateway,
+) -> None:
+    store = gateway.services.store
+    assert store is not None
+    team = await store.create_team(team_alias="ml-team")
+    now = gateway.services.clock_ms()
+    await store.insert_spend_logs([
+        SpendLogRow(request_id="req-team", api="chat", team_id=team.team_id, model_group="m",
+                    cost_nanousd=2_200, start_time_ms=now, end_time_ms=now + 1),
+        SpendLogRow(request_id="req-refused", api="chat", model_group="m", status="rejected",
+                    http_status=401, start_time_ms=now, end_time_ms=now + 1),
+        SpendLogRow(request_id="req-master", api="chat", model_group="m", cost_nanousd=0,
+                    start_time_ms=now, end_time_ms=now + 1)])
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        await sign_in(client)
+        page = (await client.get("/ui/spend")).text
+    legend = page.split('aria-label="Spend per day by team"', 1)[1].split("</figure>")[0]
+    assert "ml-team" in legend and team.team_id not in legend
+    rows = {m[1]: m[0] for m in re.findall(r"<tr>(.*?)<code>(req-[a-z]+)</code>", page, re.S)}
+    assert "(refused key)" in rows["req-refused"] and "master" not in rows["req-refused"]
+    assert "master" in rows["req-master"] and "$0<" in rows["req-master"]
+    assert "$0.0000022" in rows["req-team"]  # every significant digit, never $0.000002
+
+
 async def test_lists_page_through_more_rows_than_one_api_page(gateway: Gateway) -> None:
     # 1,030 keys: more than the admin API's largest page (1,000), so the list reads two.
     store = gateway.services.store

@@ -89,11 +89,16 @@ def url(path: str, **query: Any) -> str:
 # ------------------------------------------------------------------------- formatting
 
 def usd(nanousd: int | None) -> str:
-    """``$1.2345`` from nano-USD (4 decimals; 6 below a cent); ``—`` when unknown."""
+    """``$1.2345`` from nano-USD (4 decimals); below a cent every significant digit, exact
+    (``$0.0000022``, never rounded to ``$0.000000``); ``$0`` for nothing; ``—`` when unknown."""
     if nanousd is None:
         return "—"
-    value = nanousd / 1e9
-    return f"${value:,.6f}" if 0 < abs(value) < 0.01 else f"${value:,.4f}"
+    if nanousd == 0:
+        return "$0"
+    if abs(nanousd) < 10_000_000:
+        sign = "-" if nanousd < 0 else ""
+        return f"{sign}$0.{abs(nanousd):09d}".rstrip("0")
+    return f"${nanousd / 1e9:,.4f}"
 
 
 def when(epoch_ms: int | None) -> str:

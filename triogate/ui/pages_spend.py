@@ -116,6 +116,14 @@ async def _key_names(ctx: Ctx, hashes: list[str]) -> dict[str, str]:
     return {h: r.key_alias or r.key_hint or h[:10] for h, r in rows.items()}
 
 
+async def _team_names(ctx: Ctx, team_ids: list[str]) -> dict[str, str]:
+    store = ctx.services.store
+    if store is None or not team_ids:
+        return {}
+    rows = await store.get_teams(team_ids)
+    return {t: r.team_alias for t, r in rows.items() if r.team_alias}
+
+
 def _name(names: Mapping[str, str], group: str | None, *, none: str = "(none)") -> str:
     return names.get(group or "", group or "") or none
 
@@ -132,6 +140,8 @@ async def _charts(ctx: Ctx, f: reports.LogFilter) -> Html:
         names: dict[str, str] = {}
         if group == "key":
             names = await _key_names(ctx, sorted({r[1] for r in rows if r[1]}))
+        elif group == "team":  # a team's alias reads better than its uuid
+            names = await _team_names(ctx, sorted({r[1] for r in rows if r[1]}))
         # A request without a key came with the master key.
         none = "master key" if group == "key" else f"(no {label.lower()})"
         series = reports.series(rows, days, partial(_name, names, none=none))
@@ -142,8 +152,10 @@ async def _charts(ctx: Ctx, f: reports.LogFilter) -> Html:
 
 
 def _log_row(r: SpendLogRow) -> list[Any]:
-    key = (el("a", r.key_alias or r.key_hash[:10], href=KINDS["keys"].view_url(r.key_hash))
-           if r.key_hash else "master")
+    if r.key_hash:
+        key: Any = el("a", r.key_alias or r.key_hash[:10], href=KINDS["keys"].view_url(r.key_hash))
+    else:  # no key row: the master key, or a key that was refused (unknown, blocked, expired)
+        key = "(refused key)" if r.http_status == 401 else "master"
     return [when(r.start_time_ms), key, r.team_id or "—", r.user_id or "—",
             r.model_group or "—", r.status, "hit" if r.cache_hit else "",
             number(r.input_tokens), number(r.output_tokens), usd(r.cost_nanousd),

@@ -102,6 +102,9 @@ def test_money_is_shown_exactly_enough() -> None:
     assert usd(None) == "—"
     assert usd(5_000_000_000) == "$5.0000"
     assert usd(22_000) == "$0.000022"
+    assert usd(2_200) == "$0.0000022" and usd(1) == "$0.000000001"  # never rounded to zero
+    assert usd(0) == "$0" and usd(-2_200) == "-$0.0000022"
+    assert usd(12_345_678) == "$0.0123"
     assert isinstance(el("p", usd(1)), Html)
 
 
