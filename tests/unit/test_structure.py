@@ -68,7 +68,6 @@ KNOWN_KNOTS: frozenset[frozenset[str]] = frozenset(frozenset(k) for k in (
     # The Call/Admission records live with the code that builds them.
     {"triogate.api.admission", "triogate.api.controls", "triogate.api.flow",
      "triogate.api.settlement"},
-    {"triogate.api.admin.compat", "triogate.api.admin.fields"},
 ))
 
 
