@@ -62,9 +62,6 @@ KNOWN_WRONG_WAY: frozenset[tuple[str, str]] = frozenset({
 #: connected component). The test fails when a new knot appears or one grows, and when one
 #: shrinks or goes (then update it here): they may only be untied.
 KNOWN_KNOTS: frozenset[frozenset[str]] = frozenset(frozenset(k) for k in (
-    # base's records and the translation/streaming helpers import each other.
-    {"triogate.providers.base", "triogate.providers.streaming", "triogate.providers.translate",
-     "triogate.providers.translate_chat_messages", "triogate.providers.translate_responses"},
     # The Call/Admission records live with the code that builds them.
     {"triogate.api.admission", "triogate.api.controls", "triogate.api.flow",
      "triogate.api.settlement"},

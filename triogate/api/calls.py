@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from triogate.api.errors import Style
     from triogate.api.http import Request, Response
     from triogate.api.services import Services
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
     Handler = Callable[[Services, Request], Awaitable[Response]]
 

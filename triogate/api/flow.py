@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from triogate.api.http import Request
     from triogate.api.services import Services
     from triogate.config import Deployment
-    from triogate.providers.base import Api, Completion, ProviderStream
+    from triogate.providers.records import Api, Completion, ProviderStream
     from triogate.routing.router import RouteResult
 
 logger = logging.getLogger("triogate.api.flow")

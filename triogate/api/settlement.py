@@ -19,7 +19,7 @@ from triogate.batch import open_post_call_batch
 from triogate.cache.replay import assemble
 from triogate.governance import budgets, rate_limits
 from triogate.otel import RequestSpans
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 from triogate.store.records import SpendLogRow
 
 if TYPE_CHECKING:
