@@ -23,8 +23,7 @@ from triogate.providers.records import Usage
 from triogate.store.records import SpendLogRow
 
 if TYPE_CHECKING:
-    from triogate.api.admission import Admission
-    from triogate.api.flow import Call
+    from triogate.api.records import Admission, Call
     from triogate.api.services import Services
     from triogate.config import Deployment
     from triogate.routing.router import RouteResult
