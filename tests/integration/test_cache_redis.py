@@ -12,7 +12,7 @@ from triogate.batch import RespBackend, Settler, open_batch_scope, open_post_cal
 from triogate.cache.key import cache_key
 from triogate.cache.replay import assemble, replay
 from triogate.cache.response import CacheControl, CachedResponse, ResponseCache
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 
 if TYPE_CHECKING:
     from pathlib import Path

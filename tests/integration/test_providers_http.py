@@ -31,8 +31,8 @@ from triogate.errors import (
 )
 from triogate.providers import new_upstream_client
 from triogate.providers.anthropic import AnthropicProvider
-from triogate.providers.base import Usage
 from triogate.providers.openai import OpenAIProvider
+from triogate.providers.records import Usage
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
 from triogate.testing.fakeupstream import FakeUpstream, open_fake_upstream
 

@@ -18,6 +18,7 @@ import trio
 
 from triogate.api import auth, controls, settlement
 from triogate.api.errors import ApiError
+from triogate.api.records import Admission
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
 from triogate.governance import budgets, leases, rate_limits
@@ -28,11 +29,10 @@ from triogate.routing.router import RoutingFacts
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
-    from triogate.api.flow import Call
+    from triogate.api.records import Call
     from triogate.api.services import Services
     from triogate.batch import BatchScope, Participant
     from triogate.cache.response import CachedResponse
-    from triogate.config import Deployment
     from triogate.governance.budgets import BudgetOutcome
     from triogate.governance.principals import Identity
     from triogate.governance.rate_limits import RateOutcome
@@ -44,49 +44,6 @@ T = TypeVar("T")
 
 #: The largest integer the Redis scripts accept (Lua numbers are doubles).
 MAX_SCRIPT_INT = 2**53 - 1
-
-
-@attrs.define(kw_only=True)
-class Admission:
-    """What admission concluded, and what settlement needs to undo or settle."""
-
-    identity: Identity | None
-    rejection: Rejected | None
-    routing: RoutingState | None
-    facts: RoutingFacts
-    request: RequestFacts
-    now_ms: int
-    budgets: BudgetOutcome | None = None
-    rates: RateOutcome | None = None
-    cached: CachedResponse | None = None
-    cache_namespace: str | None = None
-    waits_before: int = 0
-    degraded: bool = False
-    extra_headers: dict[str, str] = attrs.Factory(dict)
-    #: Set by ``settlement.settle`` (which runs at most once per request).
-    settled: bool = False
-    #: Set when a stream's producer took over settlement.
-    handed_off: bool = False
-    #: When admission ended (Trio's clock): the model call starts here (traces).
-    admitted_s: float = attrs.Factory(trio.current_time)
-
-    def headers(self, services: Services, call: Call, *,
-                deployment: Deployment | None = None,
-                cost_nanousd: int | None = None) -> dict[str, str]:
-        """Response headers: degradation, limits, cache status, tracing, LiteLLM's."""
-        headers = dict(self.extra_headers)
-        headers.update(controls.litellm_headers(call, self, deployment=deployment,
-                                                cost_nanousd=cost_nanousd))
-        if self.degraded:
-            headers["x-triogate-degraded"] = "redis"
-        if deployment is not None:
-            headers["x-triogate-deployment"] = deployment.id
-        if services.cache is not None:
-            headers.update(services.cache.header(self.cached is not None))
-        if services.tracer is not None:
-            headers["x-triogate-trace-id"] = call.trace_id
-            headers["x-triogate-redis-waits-before"] = str(self.waits_before)
-        return headers
 
 
 def keep_leases(services: Services, admitted: Admission) -> AbstractAsyncContextManager[None]:

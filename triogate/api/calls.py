@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from triogate.api import auth, controls, validate
 from triogate.api.errors import ApiError
-from triogate.api.flow import Call
+from triogate.api.records import Call
 from triogate.errors import StoreError
 from triogate.governance.model_access import resolve_alias
 from triogate.providers.tokens import estimate_input_tokens
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from triogate.api.errors import Style
     from triogate.api.http import Request, Response
     from triogate.api.services import Services
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
     Handler = Callable[[Services, Request], Awaitable[Response]]
 

@@ -24,9 +24,8 @@ from triogate.routing.router import RequestRouting
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.api.admission import Admission
-    from triogate.api.flow import Call
     from triogate.api.http import Request
+    from triogate.api.records import Admission, Call
     from triogate.api.services import Services
     from triogate.config import Deployment
 

@@ -34,19 +34,16 @@ from triogate.api import admission, controls, settlement, sse
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.http import Response, StreamResponse
 from triogate.cache.replay import replay
-from triogate.cache.response import CacheControl
 from triogate.errors import ProviderError, TranslationError
-from triogate.routing.router import NoDeploymentAvailable, RequestRouting
+from triogate.routing.router import NoDeploymentAvailable
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
-    from triogate.api.admission import Admission
-    from triogate.api.errors import Style
-    from triogate.api.http import Request
+    from triogate.api.records import Admission, Call
     from triogate.api.services import Services
     from triogate.config import Deployment
-    from triogate.providers.base import Api, Completion, ProviderStream
+    from triogate.providers.records import Completion, ProviderStream
     from triogate.routing.router import RouteResult
 
 logger = logging.getLogger("triogate.api.flow")
@@ -56,47 +53,6 @@ logger = logging.getLogger("triogate.api.flow")
 CLOSE_TIMEOUT_S = 5.0
 
 T = TypeVar("T")
-
-
-@attrs.frozen(kw_only=True)
-class Call:
-    """One model request as the flow sees it.
-
-    Attributes:
-        api: the client's API (``chat``, ``messages``, ``responses``, ``embeddings``).
-        route: label for metrics.
-        style: error shape.
-        body: the body to send upstream (client's shape; gateway-only fields removed).
-        group: the model group asked for.
-        stream: whether the client asked for a stream.
-        include_usage: chat streams: whether to pass the final usage chunk on.
-        request: the HTTP request.
-        trace_id: unique id of this request (idempotency markers, traces, spend logs).
-        end_user: the end user (``user`` field or header), if any.
-        tags: request tags.
-        input_tokens, output_tokens: estimates, for reservations before the call.
-        cache: the request's cache controls (body ``cache`` and headers).
-        routing: LiteLLM's request controls for routing (wildcard model, fallbacks,
-            retries, timeout; see ``controls.py``).
-        drop_params: the request's own ``drop_params``, if it sent one.
-    """
-
-    api: Api
-    route: str
-    style: Style
-    body: dict[str, Any]
-    group: str
-    stream: bool
-    include_usage: bool = False
-    request: Request
-    trace_id: str
-    end_user: str | None = None
-    tags: tuple[str, ...] = ()
-    input_tokens: int
-    output_tokens: int
-    cache: CacheControl = attrs.field(factory=CacheControl)
-    routing: RequestRouting = attrs.Factory(RequestRouting)
-    drop_params: bool | None = None
 
 
 async def serve(services: Services, call: Call) -> Response:
@@ -111,7 +67,7 @@ async def serve(services: Services, call: Call) -> Response:
             error = from_rejection(admitted.rejection)
             await settlement.settle(services, call, admitted,
                                     outcome=settlement.rejected(error.status))
-            error.headers = {**admitted.headers(services, call), **error.headers}
+            error.headers = {**response_headers(services, call, admitted), **error.headers}
             raise error
         if admitted.cached is not None:
             return await _from_cache(services, call, admitted)
@@ -134,12 +90,31 @@ async def serve(services: Services, call: Call) -> Response:
                                         outcome=settlement.cancelled())
 
 
+def response_headers(services: Services, call: Call, admitted: Admission, *,
+                     deployment: Deployment | None = None,
+                     cost_nanousd: int | None = None) -> dict[str, str]:
+    """Response headers: degradation, limits, cache status, tracing, LiteLLM's."""
+    headers = dict(admitted.extra_headers)
+    headers.update(controls.litellm_headers(call, admitted, deployment=deployment,
+                                            cost_nanousd=cost_nanousd))
+    if admitted.degraded:
+        headers["x-triogate-degraded"] = "redis"
+    if deployment is not None:
+        headers["x-triogate-deployment"] = deployment.id
+    if services.cache is not None:
+        headers.update(services.cache.header(admitted.cached is not None))
+    if services.tracer is not None:
+        headers["x-triogate-trace-id"] = call.trace_id
+        headers["x-triogate-redis-waits-before"] = str(admitted.waits_before)
+    return headers
+
+
 async def _from_cache(services: Services, call: Call, admitted: Admission) -> Response:
     """Answer from the cache: counts for RPM, costs nothing, gives its reservations back."""
     cached = admitted.cached
     assert cached is not None
     await settlement.settle(services, call, admitted, outcome=settlement.cache_hit(cached.usage))
-    headers = admitted.headers(services, call)
+    headers = response_headers(services, call, admitted)
     if not call.stream:
         return Response.json(cached.body, headers=headers)
     events = replay(call.api, cached.body)
@@ -177,7 +152,7 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
     await settlement.settle(services, call, admitted, outcome=outcome)
-    headers = admitted.headers(services, call, deployment=result.deployment,
+    headers = response_headers(services, call, admitted, deployment=result.deployment,
                                cost_nanousd=settlement.cost_nanousd(outcome))
     return Response.json(completion.body, headers=headers)
 
@@ -251,7 +226,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             ):
                 await settlement.settle(services, call, admitted, outcome=outcome)
 
-    headers = admitted.headers(services, call, deployment=result.deployment)
+    headers = response_headers(services, call, admitted, deployment=result.deployment)
     response = StreamResponse(produce, headers=headers)
     admitted.handed_off = True  # ``produce`` settles, and StreamResponse always runs it
     return response

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from triogate.governance.local import LocalGovernance
     from triogate.metrics import Metrics
     from triogate.otel import SpanExporter
-    from triogate.providers.base import Provider
+    from triogate.providers.records import Provider
     from triogate.routing.router import Router
     from triogate.store import Store
     from triogate.store.spendlog import SpendLogWriter

@@ -19,12 +19,11 @@ from triogate.batch import open_post_call_batch
 from triogate.cache.replay import assemble
 from triogate.governance import budgets, rate_limits
 from triogate.otel import RequestSpans
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 from triogate.store.records import SpendLogRow
 
 if TYPE_CHECKING:
-    from triogate.api.admission import Admission
-    from triogate.api.flow import Call
+    from triogate.api.records import Admission, Call
     from triogate.api.services import Services
     from triogate.config import Deployment
     from triogate.routing.router import RouteResult

@@ -12,7 +12,7 @@ import orjson
 
 if TYPE_CHECKING:
     from triogate.api.errors import ApiError
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
 DONE = b"data: [DONE]\n\n"
 

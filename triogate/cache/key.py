@@ -48,7 +48,7 @@ import orjson
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
 #: Bumped whenever the normalisation changes, so that old entries simply stop matching.
 KEY_VERSION = 1

@@ -27,7 +27,7 @@ import orjson
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
 # Chat delta fields that are set, not concatenated, when a later chunk repeats them
 # (some OpenAI-compatible servers repeat the tool call's id and name in every chunk).

@@ -40,7 +40,7 @@ import trio
 
 from triogate.batch import BackendUnavailable, CommandError
 from triogate.cache.key import cache_key
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from triogate.batch import Batch, PostCallBatch
     from triogate.config import CacheSettings
     from triogate.governance.principals import Identity
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
 logger = logging.getLogger("triogate.cache")
 

@@ -1,6 +1,6 @@
 """Upstream model providers: OpenAI-compatible, Anthropic, and a deterministic mock.
 
-Every provider implements :class:`triogate.providers.base.Provider`. :func:`build_providers`
+Every provider implements :class:`triogate.providers.records.Provider`. :func:`build_providers`
 creates them with one pooled httpx client per provider kind, for the app nursery to own.
 """
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from triogate.config import GatewayConfig
-    from triogate.providers.base import Provider
+    from triogate.providers.records import Provider
 
 #: Idle connections kept per client: enough that a burst does not reconnect.
 MAX_KEEPALIVE_CONNECTIONS = 200

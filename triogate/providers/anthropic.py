@@ -10,9 +10,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderStatusError
-from triogate.providers.base import complete_via_hub
-from triogate.providers.streaming import check_streamable, open_hub_stream
+from triogate.providers.streaming import check_streamable
 from triogate.providers.translate import MessagesHub
+from triogate.providers.upstream import complete_via_hub, open_hub_stream
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import httpx
 
     from triogate.config import Deployment
-    from triogate.providers.base import Api, Completion, ProviderStream
+    from triogate.providers.records import Api, Completion, ProviderStream
 
 DEFAULT_API_BASE = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"

@@ -29,7 +29,7 @@ import trio
 
 from triogate.config import MockSettings
 from triogate.errors import ProviderStatusError
-from triogate.providers.base import Completion, Usage
+from triogate.providers.records import Completion, Usage
 from triogate.providers.streaming import TranslatedStream, check_streamable
 from triogate.providers.tokens import (
     CHARS_PER_TOKEN,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from triogate.config import Deployment
-    from triogate.providers.base import Api, ProviderStream
+    from triogate.providers.records import Api, ProviderStream
 
 #: Words of the user's message quoted in the derived reply.
 QUOTED_WORDS = 8

@@ -10,16 +10,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderProtocolError
-from triogate.providers.base import (
-    Completion,
-    Usage,
-    complete_via_hub,
-    post_json,
-    upstream_body,
-)
-from triogate.providers.streaming import check_streamable, open_hub_stream
+from triogate.providers.http import post_json, upstream_body
+from triogate.providers.records import Completion, Usage
+from triogate.providers.streaming import check_streamable
 from triogate.providers.tokens import estimate_input_tokens
 from triogate.providers.translate import ChatHub
+from triogate.providers.upstream import complete_via_hub, open_hub_stream
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -28,7 +24,7 @@ if TYPE_CHECKING:
     import httpx
 
     from triogate.config import Deployment
-    from triogate.providers.base import Api, ProviderStream
+    from triogate.providers.records import Api, ProviderStream
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
 

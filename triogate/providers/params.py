@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
 _CHAT_PARTS_FOR_ANTHROPIC = frozenset({"text", "image_url"})
 _MESSAGES_BLOCKS_FOR_CHAT = frozenset({"text", "image", "tool_use", "tool_result"})

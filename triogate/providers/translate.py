@@ -17,15 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from triogate.errors import TranslationError
-from triogate.providers.base import Usage
-from triogate.providers.streaming import (
-    Chain,
-    ChatUsageTracker,
-    MessagesUsageTracker,
-    Passthrough,
-    StreamTranslator,
-    UsageTracker,
-)
+from triogate.providers.records import Usage
+from triogate.providers.streaming import Chain, Passthrough, StreamTranslator
 from triogate.providers.translate_chat_messages import (
     ChatToMessagesStream,
     MessagesToChatStream,
@@ -39,11 +32,12 @@ from triogate.providers.translate_responses import (
     chat_to_responses_response,
     responses_to_chat_request,
 )
+from triogate.providers.usage import ChatUsageTracker, MessagesUsageTracker, UsageTracker
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.providers.base import Api
+    from triogate.providers.records import Api
 
 # Client-side fields that describe the *client's* stream; the hub decides its own.
 _STREAM_FIELDS = ("stream", "stream_options")

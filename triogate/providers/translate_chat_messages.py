@@ -17,7 +17,7 @@ from triogate.errors import TranslationError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.providers.base import Usage
+    from triogate.providers.records import Usage
 
 #: Anthropic requires max_tokens; OpenAI does not. Used when the client set none.
 DEFAULT_MAX_TOKENS = 4096

@@ -16,7 +16,7 @@ from triogate.providers.translate_chat_messages import strip_id
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.providers.base import Usage
+    from triogate.providers.records import Usage
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 

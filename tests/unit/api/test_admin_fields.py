@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from triogate.api.admin.converters import FieldContext
 from triogate.api.admin.fields import (
     KEY_FIELDS,
     TAG_FIELDS,
     TEAM_FIELDS,
-    FieldContext,
     iso,
     key_candidates,
     page_count,

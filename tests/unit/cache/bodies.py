@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 from triogate.providers.translate_responses import response_object
 
 USAGE = Usage(input_tokens=12, output_tokens=7)

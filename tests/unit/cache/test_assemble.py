@@ -9,8 +9,8 @@ import pytest
 from tests.unit.providers.helpers import make_deployment
 from triogate.cache.replay import assemble, replay
 from triogate.config import MockSettings
-from triogate.providers.base import Usage
 from triogate.providers.mock import MockProvider
+from triogate.providers.records import Usage
 from triogate.providers.translate import ChatPassthrough
 from triogate.providers.translate_chat_messages import ChatToMessagesStream, MessagesToChatStream
 from triogate.providers.translate_responses import ChatToResponsesStream

@@ -29,7 +29,7 @@ from triogate.cache.response import (
 )
 from triogate.config import CacheSettings
 from triogate.governance.principals import Identity, Principal
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 
 from .bodies import CHAT_TEXT, RESPONSES_TEXT
 

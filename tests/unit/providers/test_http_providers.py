@@ -17,8 +17,8 @@ from triogate.errors import (
     ProviderTimeout,
 )
 from triogate.providers.anthropic import AnthropicProvider
-from triogate.providers.base import Usage
 from triogate.providers.openai import OpenAIProvider
+from triogate.providers.records import Usage
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
 
 from .helpers import make_deployment

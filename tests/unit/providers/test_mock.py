@@ -12,8 +12,8 @@ import trio
 
 from triogate.config import MockSettings
 from triogate.errors import ProviderStatusError
-from triogate.providers.base import Usage
 from triogate.providers.mock import MockProvider, embedding_vector, split_text
+from triogate.providers.records import Usage
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
 
 from .helpers import STREAM_TEXT, completion_text, make_deployment

@@ -11,14 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from triogate.errors import ProviderProtocolError
-from triogate.providers.streaming import (
-    ChatUsageTracker,
-    Passthrough,
-    ServerSentEvent,
-    SSEDecoder,
-    SSESource,
-    TranslatedStream,
-)
+from triogate.providers.sse import ServerSentEvent, SSEDecoder, SSESource
+from triogate.providers.streaming import Passthrough, TranslatedStream
+from triogate.providers.usage import ChatUsageTracker
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

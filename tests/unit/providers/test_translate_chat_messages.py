@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 from triogate.providers.streaming import Passthrough
 from triogate.providers.translate_chat_messages import (
     DEFAULT_MAX_TOKENS,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from triogate.providers.base import Usage
+from triogate.providers.records import Usage
 from triogate.providers.translate_responses import (
     ChatToResponsesStream,
     chat_to_responses_response,

@@ -24,7 +24,6 @@ from triogate.api.admin.bounds import bad
 from triogate.api.admin.common import announce, begin, context, not_found, sql, store_of
 from triogate.api.admin.fields import (
     LIMIT_FIELDS,
-    Converter,
     only,
     paging,
     parse_fields,
@@ -38,6 +37,7 @@ from triogate.api.http import Response
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from triogate.api.admin.converters import Converter
     from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services

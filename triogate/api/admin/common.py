@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from triogate.api.admin.fields import FieldContext
+from triogate.api.admin.converters import FieldContext
 from triogate.api.errors import ApiError
 from triogate.batch import BackendUnavailable, BatchError, open_batch_scope
 from triogate.errors import StoreError

@@ -21,7 +21,7 @@ from triogate.api.admin.bounds import bad
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.api.admin.fields import Converter, FieldContext
+    from triogate.api.admin.converters import Converter, FieldContext
 
 #: Values that ask for nothing, whatever the field.
 _EMPTY: tuple[Any, ...] = (None, False, 0, "", [], {})

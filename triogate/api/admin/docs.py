@@ -33,7 +33,7 @@ from triogate.api.admin.members import MEMBER_FIELDS
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.api.admin.fields import Converter
+    from triogate.api.admin.converters import Converter
 
 #: Entity → (its column title, its settable fields, fields its handlers read themselves).
 ENTITIES: dict[str, tuple[Mapping[str, Converter], dict[str, str]]] = {

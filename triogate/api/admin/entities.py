@@ -32,7 +32,6 @@ from triogate.api.admin.fields import (
     TAG_FIELDS,
     TEAM_FIELDS,
     USER_FIELDS,
-    Converter,
     only,
     page_count,
     paging,
@@ -56,6 +55,7 @@ from triogate.governance.from_rows import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from triogate.api.admin.converters import Converter
     from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services

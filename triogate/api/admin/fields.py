@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -42,6 +42,7 @@ from triogate.api.admin.bounds import (
     check_time_ms,
     json_depth_ok,
 )
+from triogate.api.admin.converters import Converter, FieldContext
 from triogate.api.errors import ApiError
 from triogate.store.records import hash_key, parse_duration
 
@@ -54,21 +55,6 @@ MAX_BIGINT = 2**63 - 1
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-@final
-@attrs.frozen(kw_only=True)
-class FieldContext:
-    """What converters need besides the value.
-
-    Attributes:
-        groups: the model groups the gateway serves (``models`` must name them).
-        now_ms: the wall clock, for ``duration`` → ``expires_at_ms``.
-    """
-
-    groups: frozenset[str]
-    now_ms: int
-
-
-Converter = Callable[[str, Any, FieldContext], dict[str, Any]]
 _NO_CONTEXT = FieldContext(groups=frozenset(), now_ms=0)
 
 

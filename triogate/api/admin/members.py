@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from triogate.api.admin.bounds import bad, check_text
 from triogate.api.admin.common import begin, not_found, sql, store_of
 from triogate.api.admin.compat import Noop
-from triogate.api.admin.fields import FieldContext, only, render_member, render_row, required_str
+from triogate.api.admin.converters import FieldContext
+from triogate.api.admin.fields import only, render_member, render_row, required_str
 from triogate.api.admin.roles import forbidden
 from triogate.api.errors import ApiError
 from triogate.api.http import Response

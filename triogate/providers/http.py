@@ -1,0 +1,174 @@
+"""The HTTP boundary: one upstream POST, whole or streamed, and its failures mapped.
+
+Every provider raises only :class:`triogate.errors.ProviderError` subclasses;
+:func:`map_exceptions` is the one place where httpx's exceptions become ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+import trio
+
+from triogate.errors import (
+    ProviderConnectError,
+    ProviderProtocolError,
+    ProviderStatusError,
+    ProviderTimeout,
+)
+from triogate.providers.records import GATEWAY_ONLY_FIELDS
+from triogate.providers.transport import CONNECT_TIMEOUT_S, transport_of
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Mapping
+
+    from triogate.config import Deployment
+
+
+@contextlib.contextmanager
+def map_exceptions() -> Iterator[None]:
+    """Turn transport and parsing failures into ProviderError subclasses.
+
+    Messages carry the exception's own text (httpx never puts request headers, hence
+    never the api key, in it) and the original stays reachable as ``__cause__``.
+    """
+    try:
+        yield
+    except (httpx.TimeoutException, trio.TooSlowError) as exc:
+        raise ProviderTimeout(f"upstream timed out: {type(exc).__name__} {exc}") from exc
+    except (httpx.TransportError, trio.BrokenResourceError, OSError) as exc:
+        # ConnectError, ReadError, WriteError, RemoteProtocolError, ... (TimeoutException
+        # is a TransportError too, but is caught above).
+        raise ProviderConnectError(
+            f"upstream connection failed: {type(exc).__name__} {exc}"
+        ) from exc
+    except (httpx.DecodingError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProviderProtocolError(f"upstream reply is not valid: {exc}") from exc
+
+
+def parse_json_object(content: bytes) -> dict[str, Any]:
+    """Decode an upstream JSON body that must be an object.
+
+    Raises:
+        ProviderProtocolError: not JSON, or JSON but not an object.
+    """
+    try:
+        value = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise ProviderProtocolError(f"upstream reply is not JSON: {content[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise ProviderProtocolError(f"upstream reply is not a JSON object: {content[:200]!r}")
+    return value
+
+
+def upstream_body(hub_request: Mapping[str, Any], deployment: Deployment) -> dict[str, Any]:
+    """The body to send: the group's model name replaced by the deployment's model."""
+    body = {k: v for k, v in hub_request.items() if k not in GATEWAY_ONLY_FIELDS}
+    body["model"] = deployment.upstream_model
+    return body
+
+
+def upstream_status_error(
+    status: int, content: bytes, headers: Mapping[str, str]
+) -> ProviderStatusError:
+    """The upstream's error, its text kept, with our credentials blanked out.
+
+    Some upstreams echo the key they refused (or part of it) in the error text; the
+    error travels to logs and clients, the key must not.
+    """
+    text = content.decode(errors="replace")
+    for name, value in headers.items():
+        if name.lower() in ("authorization", "x-api-key", "api-key"):
+            secret = value.removeprefix("Bearer ").strip()
+            if secret:
+                text = text.replace(secret, "***")
+    return ProviderStatusError(status, text)
+
+
+def request_timeout(seconds: float) -> httpx.Timeout:
+    """httpx timeouts for one request: connect bounded apart, ``seconds`` for the rest.
+
+    For streams ``seconds`` bounds each wait *between* chunks (httpx's read timeout),
+    not the whole stream: a long generation that keeps sending is healthy.
+    """
+    return httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
+
+
+async def post_json(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """POST ``body`` as JSON and return the JSON object answered (a checkpoint).
+
+    ``timeout_s`` bounds the whole call (trio deadline), not just each read.
+
+    Raises:
+        ProviderTimeout, ProviderConnectError, ProviderStatusError, ProviderProtocolError.
+    """
+    fast = transport_of(client)
+    with map_exceptions(), trio.fail_after(timeout_s):
+        if fast is not None:  # the gateway's own client: skip httpx's client layers
+            status, content = await fast.post(
+                url, headers={"content-type": "application/json", **headers},
+                content=orjson.dumps(body), timeout_s=timeout_s,
+            )
+        else:
+            response = await client.post(
+                url,
+                content=orjson.dumps(body),
+                headers={"content-type": "application/json", **headers},
+                timeout=request_timeout(timeout_s),
+            )
+            status, content = response.status_code, response.content
+    if status >= 400:
+        raise upstream_status_error(status, content, headers)
+    return parse_json_object(content)
+
+
+# Upstream JSON of the wrong shape (a list where an object belongs, ...) fails inside the
+# translators with one of these; at the boundary it is the upstream's protocol error.
+SHAPE_ERRORS = (KeyError, TypeError, AttributeError, IndexError)
+
+
+@contextlib.asynccontextmanager
+async def open_sse_response(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    timeout_s: float,
+) -> AsyncIterator[httpx.Response]:
+    """POST ``body`` and yield the streaming response once its status is known good.
+
+    Leaving the block closes the response: a body not read to its end drops the
+    connection instead of returning it to the pool half-read.
+
+    Raises:
+        ProviderStatusError: the upstream answered an error status (its body attached).
+        ProviderTimeout, ProviderConnectError: as :func:`map_exceptions`.
+    """
+    request = client.build_request(
+        "POST",
+        url,
+        content=orjson.dumps(body),
+        headers={"content-type": "application/json", "accept": "text/event-stream", **headers},
+        timeout=request_timeout(timeout_s),
+    )
+    with map_exceptions():
+        response = await client.send(request, stream=True)
+    try:
+        if response.status_code >= 400:
+            with map_exceptions():
+                content = await response.aread()
+            raise upstream_status_error(response.status_code, content, headers)
+        yield response
+    finally:
+        await response.aclose()

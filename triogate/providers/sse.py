@@ -1,0 +1,186 @@
+"""Server-sent events: an incremental parser, and upstream events read from a response.
+
+:class:`SSEDecoder` turns raw bytes into events (WHATWG rules); :class:`SSESource` reads an
+httpx streaming response through it and hands out each event's JSON object, the
+:class:`~triogate.providers.streaming.EventSource` of an HTTP upstream.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+
+from triogate.errors import ProviderProtocolError
+from triogate.providers.http import map_exceptions
+
+if TYPE_CHECKING:
+    import httpx
+
+
+@attrs.frozen(kw_only=True)
+class ServerSentEvent:
+    """One dispatched SSE event (``event`` defaults to "message", as the spec says)."""
+
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+    retry_ms: int | None = None
+
+
+class SSEDecoder:
+    """Incremental SSE parser over raw bytes (WHATWG "server-sent events" rules).
+
+    Lines end in LF, CRLF or CR, even when a CRLF is split across two chunks. Lines
+    starting with ``:`` are comments. Several ``data:`` lines join with LF. An event is
+    dispatched at a blank line; at end of input a pending event is dispatched too (the
+    spec drops it, but an upstream that forgets the last blank line still meant it).
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._skip_lf = False  # the previous chunk ended in CR: a leading LF belongs to it
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
+        self._retry_ms: int | None = None
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """Parse ``chunk``; return the events it completed (often none, sometimes many)."""
+        if not chunk:
+            return []  # and keep _skip_lf for the chunk that brings the LF
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._skip_lf = False
+        self._buffer += chunk
+        events: list[ServerSentEvent] = []
+        start = 0
+        buffer = self._buffer
+        while True:
+            cr, lf = buffer.find(b"\r", start), buffer.find(b"\n", start)
+            if cr == -1 and lf == -1:
+                break
+            if cr != -1 and (lf == -1 or cr < lf):
+                end, after = cr, cr + 1
+                if after < len(buffer) and buffer[after] == 0x0A:
+                    after += 1
+                elif after == len(buffer):
+                    self._skip_lf = True
+            else:
+                end, after = lf, lf + 1
+            event = self._line(bytes(buffer[start:end]).decode("utf-8", errors="replace"))
+            if event is not None:
+                events.append(event)
+            start = after
+        del buffer[:start]
+        return events
+
+    def close(self) -> list[ServerSentEvent]:
+        """End of input: the last unterminated line and event, if any."""
+        events: list[ServerSentEvent] = []
+        if self._buffer:
+            event = self._line(bytes(self._buffer).decode("utf-8", errors="replace"))
+            if event is not None:
+                events.append(event)
+            self._buffer.clear()
+        event = self._line("")
+        if event is not None:
+            events.append(event)
+        return events
+
+    def _line(self, line: str) -> ServerSentEvent | None:
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "data":
+            self._data.append(value)
+        elif field == "event":
+            self._event = value
+        elif field == "id":
+            if "\0" not in value:
+                self._id = value
+        elif field == "retry" and value.isdigit():
+            self._retry_ms = int(value)
+        return None
+
+    def _dispatch(self) -> ServerSentEvent | None:
+        if not self._data:
+            self._event = ""
+            return None
+        event = ServerSentEvent(
+            event=self._event or "message",
+            data="\n".join(self._data),
+            id=self._id,
+            retry_ms=self._retry_ms,
+        )
+        self._event, self._data = "", []
+        return event
+
+
+class SSESource:
+    """Upstream events decoded from an httpx streaming response.
+
+    ``data: [DONE]`` (OpenAI) ends the stream; so does the end of the body.
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._chunks = response.aiter_bytes()
+        self._decoder = SSEDecoder()
+        self._pending: collections.deque[ServerSentEvent] = collections.deque()
+        self._ended = False
+
+    async def next_event(self) -> dict[str, Any] | None:
+        """The next event's JSON (a checkpoint when it has to read).
+
+        Raises:
+            ProviderTimeout: no chunk within the stream timeout.
+            ProviderConnectError: the connection broke mid-stream.
+            ProviderProtocolError: an event's data is not a JSON object.
+        """
+        while not self._pending:
+            if self._ended:
+                return None
+            with map_exceptions():
+                try:
+                    chunk = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    self._ended = True
+                    self._pending.extend(self._decoder.close())
+                    continue
+            self._pending.extend(self._decoder.feed(chunk))
+        sse = self._pending.popleft()
+        if sse.data.strip() == "[DONE]":
+            self._ended = True
+            self._pending.clear()
+            return None
+        try:
+            value = orjson.loads(sse.data)
+        except orjson.JSONDecodeError as exc:
+            raise ProviderProtocolError(
+                f"upstream stream event is not JSON: {sse.data[:200]!r}"
+            ) from exc
+        if not isinstance(value, dict):
+            raise ProviderProtocolError(
+                f"upstream stream event is not an object: {sse.data[:200]!r}"
+            )
+        return value
+
+    def next_nowait(self) -> dict[str, Any] | None:
+        """The next event if the last read already brought it (an upstream that sent
+        several at once, or a gateway that fell behind); None when a read is needed, at
+        [DONE], or for data that is not a JSON object (``next_event`` raises for it)."""
+        if not self._pending:
+            return None
+        try:
+            value = orjson.loads(self._pending[0].data)
+        except orjson.JSONDecodeError:
+            return None  # [DONE] or bad data: left for next_event
+        if not isinstance(value, dict):
+            return None
+        self._pending.popleft()
+        return value
