@@ -72,7 +72,7 @@ async def fault(redis: AofRedis, n: int, padded: list[bool]) -> str:
         if kind == 2:
             redis.kill()
             await trio.sleep(2)
-            redis.start()
+            await redis.start()
             await wait_loaded(admin, LOAD_TIMEOUT_S)
             return "kill -9, restart after 2 s"
         if kind == 3:
@@ -80,7 +80,7 @@ async def fault(redis: AofRedis, n: int, padded: list[bool]) -> str:
                 await pad_and_rewrite(admin)
                 padded.append(True)
             redis.kill()
-            redis.start(slow_load=True)
+            await redis.start(slow_load=True)
             loading_s = await wait_loaded(admin, LOAD_TIMEOUT_S)
             return f"kill -9, restart answering LOADING for {loading_s:.1f} s"
         await admin.execute([("CONFIG", "SET", "timeout", "1")])
@@ -96,7 +96,7 @@ async def fault(redis: AofRedis, n: int, padded: list[bool]) -> str:
 async def soak(minutes: float, fault_every_s: float, clients: int, sample_every_s: float,
                folder: Path) -> int:
     redis = AofRedis(folder / "redis")
-    redis.start()
+    await redis.start()
     database = folder / "spend.db"
     gateways: list[GatewayProcess] = []
     try:

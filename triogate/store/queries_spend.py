@@ -116,12 +116,19 @@ def insert_spend_logs(engine: Engine, rows: Sequence[SpendLogRow]) -> int:
     if not rows:
         return 0
     with engine.begin() as conn:
-        stmt = (
-            _insert(conn, spend_logs)
-            .on_conflict_do_nothing(index_elements=["request_id"])
-            .returning(spend_logs.c.request_id)
-        )
-        inserted = conn.execute(stmt, [row_to_params(r) for r in rows]).scalars().all()
+        stmt = _insert(conn, spend_logs).on_conflict_do_nothing(index_elements=["request_id"])
+        params = [row_to_params(r) for r in rows]
+        if conn.dialect.name == "sqlite":
+            # A plain executemany: one SQL text whatever the batch size. With RETURNING,
+            # SQLAlchemy writes one multi-row VALUES text per batch size, and every text
+            # is a prepared statement in the connection's cache that keeps its last
+            # bound values (a whole batch, tags included): memory grew with each new
+            # batch size (issue 11). sqlite3's rowcount sums the changes: skipped rows
+            # count 0.
+            inserted = conn.execute(stmt, params).rowcount
+        else:
+            inserted = len(conn.execute(stmt.returning(spend_logs.c.request_id),
+                                        params).scalars().all())
         tag_params = [
             {"request_id": r.request_id, "tag": tag, "start_time_ms": r.start_time_ms}
             for r in rows
@@ -134,7 +141,7 @@ def insert_spend_logs(engine: Engine, rows: Sequence[SpendLogRow]) -> int:
                 ),
                 tag_params,
             )
-    return len(inserted)
+    return inserted
 
 
 def query_spend_logs(
