@@ -6,8 +6,9 @@
 set -euo pipefail
 if ! command -v chromium >/dev/null 2>&1 || ! dpkg -s fonts-dejavu-core >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core
+  # Wait for a dpkg lock another apt run holds (unattended upgrades, a parallel install).
+  apt-get -o DPkg::Lock::Timeout=300 update -q
+  apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends chromium fonts-dejavu-core
 fi
 python3 -m pip install -q 'playwright>=1.40'
 chromium --version
