@@ -20,7 +20,8 @@
 --
 -- A bucket that has slid out of the window (bucket <= floor(now_ms/1000) - 60) is not
 -- touched: its count no longer matters and it must not be re-created. A bucket never goes
--- below 0 (it is deleted at 0).
+-- below 0 (it is deleted at 0). The window's TTL is armed only by a write that creates a
+-- bucket, as in rate_admit.lua, whose header states the rule and its bound.
 -- Integers only.
 
 local BUCKET_MS = 1000
@@ -74,7 +75,8 @@ local function adjust(key, delta)
     else
       redis.call('HSET', key, bucket, value)
     end
-    redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+    -- Only a write that creates the bucket arms the TTL (the rule of rate_admit.lua).
+    if not state[1] then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
   else
     redis.call('HDEL', key, bucket)
     if total and total - before <= 0 then
