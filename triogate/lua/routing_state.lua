@@ -61,18 +61,33 @@ local function num(value)
   return 0
 end
 
+-- One HMGET per hash for the whole group (3 reads, whatever the number of deployments).
+local ids, usage_fields = {}, {}
+for i = 1, n do
+  local id = ARGV[7 + 3 * (i - 1)]
+  ids[i] = id
+  usage_fields[#usage_fields + 1] = 'rpm:' .. id
+  usage_fields[#usage_fields + 1] = 'tpm:' .. id
+  usage_fields[#usage_fields + 1] = 'fail:' .. id
+end
+local usage, cooldowns, latencies = {}, {}, {}
+if n > 0 then
+  usage = redis.call('HMGET', KEYS[1], unpack(usage_fields))
+  cooldowns = redis.call('HMGET', KEYS[2], unpack(ids))
+  latencies = redis.call('HMGET', KEYS[3], unpack(ids))
+end
+
 local stats = {}
 for i = 1, n do
   local base = 7 + 3 * (i - 1)
-  local id = ARGV[base]
   local s = {
     rpm_limit = tonumber(ARGV[base + 1]),
     tpm_limit = tonumber(ARGV[base + 2]),
-    rpm = num(redis.call('HGET', KEYS[1], 'rpm:' .. id)),
-    tpm = num(redis.call('HGET', KEYS[1], 'tpm:' .. id)),
-    fails = num(redis.call('HGET', KEYS[1], 'fail:' .. id)),
-    until_ms = num(redis.call('HGET', KEYS[2], id)),
-    latency = redis.call('HGET', KEYS[3], id) or '',
+    rpm = num(usage[3 * i - 2]),
+    tpm = num(usage[3 * i - 1]),
+    fails = num(usage[3 * i]),
+    until_ms = num(cooldowns[i]),
+    latency = latencies[i] or '',
   }
   if s.until_ms <= now then s.until_ms = 0 end
   if claim then
