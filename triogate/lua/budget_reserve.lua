@@ -92,16 +92,19 @@ if used + estimate > max_budget and not (used == 0 and spend < max_budget) then
 end
 
 -- HSETNX writes nothing for a request id that already holds a reservation: a replay.
-if redis.call('HSETNX', KEYS[2], request_id, estimate) == 0 then
+-- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
+local estimate_s = string.format('%d', estimate)
+if redis.call('HSETNX', KEYS[2], request_id, estimate_s) == 0 then
   return {1, spend, reserved}
 end
-redis.call('HINCRBY', KEYS[1], 'reserved', estimate)
-redis.call('ZADD', KEYS[3], lease_now + lease_ms, request_id)
+redis.call('HINCRBY', KEYS[1], 'reserved', estimate_s)
+redis.call('ZADD', KEYS[3], string.format('%d', lease_now + lease_ms), request_id)
 if ttl_ms > 0 then
-  if not counters_exist then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
+  local ttl_s = string.format('%d', ttl_ms)
+  if not counters_exist then redis.call('PEXPIRE', KEYS[1], ttl_s) end
   if not holds_exist then
-    redis.call('PEXPIRE', KEYS[2], ttl_ms)
-    redis.call('PEXPIRE', KEYS[3], ttl_ms)
+    redis.call('PEXPIRE', KEYS[2], ttl_s)
+    redis.call('PEXPIRE', KEYS[3], ttl_s)
   end
 end
 return {1, spend, reserved + estimate}

@@ -35,7 +35,7 @@ if not (actual and ttl_ms and marker_ttl_ms) or #ARGV ~= 4 then
 end
 local request_id = ARGV[1]
 
-if redis.call('HSETNX', KEYS[4], request_id, 1) == 0 then
+if redis.call('HSETNX', KEYS[4], request_id, '1') == 0 then
   return {0, 0, tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0}
 end
 if redis.call('HLEN', KEYS[4]) == 1 then redis.call('PEXPIRE', KEYS[4], marker_ttl_ms) end

@@ -89,6 +89,9 @@ for i = 1, n do
   if kinds[i] == 'p' then lease_now = lease_clock(now_ms) break end
 end
 local current = math.floor(now_ms / BUCKET_MS)
+-- Numbers go to redis.call as '%d' strings: a Lua number would be written with '%.17g',
+-- the C library's costly floating-point path, and these are all integers.
+local current_s = string.format('%d', current)
 local oldest = current - BUCKETS + 1
 
 -- Read every window: total in window (t after removing old buckets), the new `o`, and
@@ -100,7 +103,7 @@ for i = 1, n do
     used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', lease_now), '+inf')
   else
     local key = KEYS[i]
-    local head = redis.call('HMGET', key, 't', 'o', current)
+    local head = redis.call('HMGET', key, 't', 'o', current_s)
     local total, low = tonumber(head[1]), tonumber(head[2])
     bucket_now[i] = tonumber(head[3])
     local old = {}
@@ -199,7 +202,8 @@ for i = 1, n do
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
       local before = bucket_now[i]
-      redis.call('HSET', key, current, (before or 0) + add, 't', used[i] + add, 'o', low)
+      redis.call('HSET', key, current_s, string.format('%d', (before or 0) + add),
+        't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
       -- The TTL is armed by the write that creates a bucket (see the header).
       if not before then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
     elseif used[i] == 0 then

@@ -77,6 +77,7 @@ if n > 0 then
   latencies = redis.call('HMGET', KEYS[3], unpack(ids))
 end
 
+local live_after = string.format('(%d', lease_now)  -- not '(' .. n: that is '%.14g'
 local stats = {}
 for i = 1, n do
   local base = 7 + 3 * (i - 1)
@@ -95,7 +96,7 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', lease_now)
     s.in_flight = redis.call('ZCARD', KEYS[3 + i])
   else
-    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], '(' .. lease_now, '+inf')
+    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], live_after, '+inf')
   end
   stats[i] = s
 end
@@ -125,7 +126,7 @@ if claim and claimed == 0 and n > 0 then
   end
   if best ~= nil then
     local key = KEYS[3 + best]
-    redis.call('ZADD', key, lease_now + lease_ms, request_id)
+    redis.call('ZADD', key, string.format('%d', lease_now + lease_ms), request_id)
     redis.call('PEXPIRE', key, lease_ms)
     stats[best].in_flight = redis.call('ZCARD', key)
     claimed = best
