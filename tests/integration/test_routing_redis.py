@@ -259,33 +259,6 @@ async def test_record_success_counts_usage_and_latency(redis: RespBackend) -> No
     assert 599_000 < marker_ttl <= 600_000  # type: ignore[operator]
 
 
-async def test_record_arms_each_ttl_once_a_minute(redis: RespBackend) -> None:
-    """The usage and latency TTLs are armed by a minute's first record that writes them,
-    not by every record; a minute whose first record is a failure still arms the latency
-    TTL with its first success."""
-    usage, latency = keys.usage_key(G, M), keys.latency_key(G)
-    with trio.fail_after(5):
-        await record(redis, [("b", "fail", 0, "0")], request_id="r1", allowed_fails=9)
-        [usage_ttl, latency_exists] = await redis.execute([("PTTL", usage), ("EXISTS", latency)])
-        await record(redis, [("a", "ok", 10, "50")], request_id="r2")
-        [first_latency_ttl] = await redis.execute([("PTTL", latency)])
-        await redis.execute([("PEXPIRE", usage, 5_000), ("PEXPIRE", latency, 5_000)])
-        for i in range(5):
-            await record(redis, [("a", "ok", 10, "50")], request_id=f"s{i}")
-        [kept_usage, kept_latency] = await redis.execute([("PTTL", usage), ("PTTL", latency)])
-        await record(redis, [("a", "ok", 10, "50")], request_id="n1", now_ms=M + 60_000)
-        [next_usage, next_latency] = await redis.execute([
-            ("PTTL", keys.usage_key(G, M + 60_000)), ("PTTL", latency)])
-        _, rows = await read_state(redis)
-    assert 119_000 < usage_ttl <= 120_000  # type: ignore[operator]
-    assert latency_exists == 0
-    assert 3_599_000 < first_latency_ttl <= 3_600_000  # type: ignore[operator]
-    assert 0 < kept_usage <= 5_000 and 0 < kept_latency <= 5_000  # type: ignore[operator]
-    assert 119_000 < next_usage <= 120_000  # type: ignore[operator]
-    assert 3_599_000 < next_latency <= 3_600_000  # type: ignore[operator]
-    assert rows["a"][:3] == (6, 60, 0) and rows["b"][:3] == (0, 0, 1)
-
-
 async def test_cooldown_after_allowed_fails_and_its_expiry(redis: RespBackend) -> None:
     with trio.fail_after(5):
         assert await record(redis, [("b", "fail", 0, "0")], request_id="r1") == [1]

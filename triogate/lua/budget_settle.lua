@@ -15,9 +15,8 @@
 -- The marker is HSETNX'd inside this script: a replay (journal, retry) changes nothing.
 -- A reservation already purged as expired (by budget_reserve) is simply absent: the
 -- actual cost is still charged, and `reserved` was already reduced by the purge.
--- No time is needed (no ARGV now_ms, no TIME). The counters' TTL is armed only when this
--- call creates them (a purged reservation of a period whose keys expired), as in
--- budget_reserve.lua; a settlement that charges and releases nothing writes nothing.
+-- No time is needed (no ARGV now_ms, no TIME). The counters' TTL is armed only when no hold
+-- was found (the counters may be created here), as in budget_reserve.lua.
 -- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53.
 
 local LIMIT = 9007199254740992
@@ -40,31 +39,22 @@ if redis.call('HSETNX', KEYS[4], request_id, '1') == 0 then
 end
 if redis.call('HLEN', KEYS[4]) == 1 then redis.call('PEXPIRE', KEYS[4], marker_ttl_ms) end
 
-local released = nil
+local released = 0
 local amount = redis.call('HGET', KEYS[2], request_id)
 if amount then
   released = tonumber(amount)
   redis.call('HDEL', KEYS[2], request_id)
+  redis.call('HINCRBY', KEYS[1], 'reserved', -released)
 end
 redis.call('ZREM', KEYS[3], request_id)
 
--- One read and one write of the counters (exact: the script runs atomically).
-local state = redis.call('HMGET', KEYS[1], 'spend', 'reserved')
-local spend = tonumber(state[1]) or 0
-local fields = {}
-if released then
-  local reserved = (tonumber(state[2]) or 0) - released
-  fields[#fields + 1] = 'reserved'
-  fields[#fields + 1] = string.format('%d', reserved)
-end
+local spend
 if actual > 0 then
-  spend = spend + actual
-  fields[#fields + 1] = 'spend'
-  fields[#fields + 1] = string.format('%d', spend)
+  spend = redis.call('HINCRBY', KEYS[1], 'spend', actual)
+  -- A hold existed, so did the counters, with their TTL (armed at creation, see
+  -- budget_reserve.lua); otherwise this call may have created them.
+  if ttl_ms > 0 and not amount then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
+else
+  spend = tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0
 end
-if #fields > 0 then
-  redis.call('HSET', KEYS[1], unpack(fields))
-  -- Only a counters HASH this call created needs a TTL (see budget_reserve.lua).
-  if ttl_ms > 0 and not (state[1] or state[2]) then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
-end
-return {1, released or 0, spend}
+return {1, released, spend}

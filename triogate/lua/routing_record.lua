@@ -15,12 +15,11 @@
 -- ARGV[1]      now_ms: epoch ms. Time comes from ARGV, never from TIME.
 -- ARGV[2]      request id
 -- ARGV[3]      marker_ttl_ms
--- ARGV[4]      usage_ttl_ms: lifetime of the minute's usage hash from its first record
+-- ARGV[4]      usage_ttl_ms: lifetime of the minute's usage hash
 -- ARGV[5]      allowed_fails: failures in one minute that start a cooldown (>= 1)
 -- ARGV[6]      cooldown_ms: length of a cooldown (0 = never cool down)
 -- ARGV[7]      latency_alpha: EWMA weight of a new sample (0 < alpha <= 1)
--- ARGV[8]      latency_ttl_ms: lifetime of the latency hash from the first update of a
---              minute (so at least latency_ttl_ms - 60 s after its last update)
+-- ARGV[8]      latency_ttl_ms: lifetime of the latency hash after its last update
 -- ARGV[9+4(k-1) .. 12+4(k-1)]  attempt k: deployment id, outcome ("ok" | "fail"),
 --              tokens (integer; counted on "ok"), latency_ms (decimal; "ok" only)
 --
@@ -52,55 +51,26 @@ local latency_ttl_ms = tonumber(ARGV[8])
 if allowed_fails < 1 then allowed_fails = 1 end
 
 local out = { 1 }
+local touched_usage = false
+local touched_latency = false
 local cooldown_until = 0
 
--- Read every field this record changes with one HMGET per hash, then write each hash with
--- one HSET: exact, since the script runs atomically. The usage hash also keeps two flags,
--- `ttl:usage` and `ttl:latency` (no deployment field starts with `ttl:`): each says that
--- this minute's record already armed that TTL, so each is armed once a minute, not on
--- every record.
-local usage_fields, usage_index = { 'ttl:usage', 'ttl:latency' }, {}
-local latency_ids, latency_index = {}, {}
-local function want(list, index, name)
-  if not index[name] then
-    list[#list + 1] = name
-    index[name] = #list
-  end
-end
 for base = 9, #ARGV, 4 do
   local id = ARGV[base]
   local outcome = ARGV[base + 1]
   if outcome == 'ok' then
-    want(usage_fields, usage_index, 'rpm:' .. id)
-    want(usage_fields, usage_index, 'tpm:' .. id)
-    want(latency_ids, latency_index, id)
-  elseif outcome == 'fail' then
-    want(usage_fields, usage_index, 'fail:' .. id)
-  end
-end
-if #usage_fields == 2 then return out end  -- no attempt to count
-
-local read = redis.call('HMGET', KEYS[2], unpack(usage_fields))
-local usage = {}
-for j = 3, #usage_fields do usage[usage_fields[j]] = tonumber(read[j]) or 0 end
-local latency = {}
-if #latency_ids > 0 then
-  local old = redis.call('HMGET', KEYS[4], unpack(latency_ids))
-  for j = 1, #latency_ids do latency[latency_ids[j]] = tonumber(old[j]) end
-end
-
-for base = 9, #ARGV, 4 do
-  local id = ARGV[base]
-  local outcome = ARGV[base + 1]
-  if outcome == 'ok' then
-    usage['rpm:' .. id] = usage['rpm:' .. id] + 1
-    usage['tpm:' .. id] = usage['tpm:' .. id] + tonumber(ARGV[base + 2])
+    redis.call('HINCRBY', KEYS[2], 'rpm:' .. id, 1)
+    redis.call('HINCRBY', KEYS[2], 'tpm:' .. id, tonumber(ARGV[base + 2]))
     local sample = tonumber(ARGV[base + 3])
-    local before = latency[id]
-    if before then latency[id] = alpha * sample + (1 - alpha) * before else latency[id] = sample end
+    local old = redis.call('HGET', KEYS[4], id)
+    local ewma = sample
+    if old then ewma = alpha * sample + (1 - alpha) * tonumber(old) end
+    redis.call('HSET', KEYS[4], id, string.format('%.3f', ewma))
+    touched_usage = true
+    touched_latency = true
   elseif outcome == 'fail' then
-    local fails = usage['fail:' .. id] + 1
-    usage['fail:' .. id] = fails
+    local fails = redis.call('HINCRBY', KEYS[2], 'fail:' .. id, 1)
+    touched_usage = true
     if fails >= allowed_fails and cooldown_ms > 0 then
       local until_ms = now + cooldown_ms
       local current = tonumber(redis.call('HGET', KEYS[3], id) or '0')
@@ -112,31 +82,11 @@ for base = 9, #ARGV, 4 do
   end
 end
 
-local writes = {}
-for j = 3, #usage_fields do
-  writes[#writes + 1] = usage_fields[j]
-  writes[#writes + 1] = string.format('%d', usage[usage_fields[j]])
+if touched_usage then
+  redis.call('PEXPIRE', KEYS[2], usage_ttl_ms)
 end
-local arm_usage = not read[1]
-local arm_latency = #latency_ids > 0 and not read[2]
-if arm_usage then
-  writes[#writes + 1] = 'ttl:usage'
-  writes[#writes + 1] = '1'
-end
-if arm_latency then
-  writes[#writes + 1] = 'ttl:latency'
-  writes[#writes + 1] = '1'
-end
-redis.call('HSET', KEYS[2], unpack(writes))
-if arm_usage then redis.call('PEXPIRE', KEYS[2], usage_ttl_ms) end
-if #latency_ids > 0 then
-  local fields = {}
-  for _, id in ipairs(latency_ids) do
-    fields[#fields + 1] = id
-    fields[#fields + 1] = string.format('%.3f', latency[id])
-  end
-  redis.call('HSET', KEYS[4], unpack(fields))
-  if arm_latency then redis.call('PEXPIRE', KEYS[4], latency_ttl_ms) end
+if touched_latency then
+  redis.call('PEXPIRE', KEYS[4], latency_ttl_ms)
 end
 if cooldown_until > 0 then
   -- The hash lives as long as its latest deadline (plus a margin); expired fields are
