@@ -21,6 +21,16 @@
 -- A request id that already holds a reservation is admitted again with no change, so a
 -- retried call cannot reserve twice.
 -- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53 (~9 million USD).
+--
+-- TTLs are armed when a key is created, not on every call: ttl_ms is the rest of the
+-- period plus retention, so every caller names the same instant (period end + retention)
+-- and re-arming it changed nothing. The counters HASH is new when HMGET finds neither
+-- field (its fields are never deleted); the holds HASH and the leases ZSET always hold
+-- the same request ids (written and removed together here, in budget_settle.lua and by
+-- the purge), so both are new when the lease set is empty (ZRANGE finds no lowest lease),
+-- and both are armed together with the same TTL. Keys written by an older version had
+-- all three TTLs re-armed on every reservation, so they carry the same expiry. A lifetime
+-- budget (ttl_ms = 0) arms nothing; its holds and leases are deleted when empty.
 
 local LIMIT = 9007199254740992
 
@@ -51,34 +61,50 @@ end
 local request_id = ARGV[2]
 local lease_now = lease_clock(now_ms)
 
--- Purge leases of processes that died while holding a reservation.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', lease_now)
-for _, rid in ipairs(expired) do
-  local amount = redis.call('HGET', KEYS[2], rid)
-  if amount then
-    redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
-    redis.call('HDEL', KEYS[2], rid)
+-- The lowest lease says whether the lease set exists (and so the holds HASH: they hold the
+-- same request ids) and whether any lease expired; only then is the set scanned.
+local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+local holds_exist = #first > 0
+if holds_exist and tonumber(first[2]) <= lease_now then
+  -- Purge leases of processes that died while holding a reservation.
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', lease_now)
+  for _, rid in ipairs(expired) do
+    local amount = redis.call('HGET', KEYS[2], rid)
+    if amount then
+      redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
+      redis.call('HDEL', KEYS[2], rid)
+    end
+    redis.call('ZREM', KEYS[3], rid)
   end
-  redis.call('ZREM', KEYS[3], rid)
+  holds_exist = false  -- the purge may have emptied (deleted) both: arm again
 end
 
 local state = redis.call('HMGET', KEYS[1], 'spend', 'reserved')
+local counters_exist = state[1] or state[2]
 local spend = tonumber(state[1]) or 0
 local reserved = tonumber(state[2]) or 0
 
-if redis.call('HEXISTS', KEYS[2], request_id) == 1 then
-  return {1, spend, reserved}
-end
-
 local used = spend + reserved
 if used + estimate > max_budget and not (used == 0 and spend < max_budget) then
+  -- A request id that already holds a reservation is admitted again, even when over.
+  if redis.call('HEXISTS', KEYS[2], request_id) == 1 then return {1, spend, reserved} end
   return {0, spend, reserved}
 end
 
-redis.call('HINCRBY', KEYS[1], 'reserved', estimate)
-redis.call('HSET', KEYS[2], request_id, estimate)
-redis.call('ZADD', KEYS[3], lease_now + lease_ms, request_id)
+-- HSETNX writes nothing for a request id that already holds a reservation: a replay.
+-- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
+local estimate_s = string.format('%d', estimate)
+if redis.call('HSETNX', KEYS[2], request_id, estimate_s) == 0 then
+  return {1, spend, reserved}
+end
+redis.call('HINCRBY', KEYS[1], 'reserved', estimate_s)
+redis.call('ZADD', KEYS[3], string.format('%d', lease_now + lease_ms), request_id)
 if ttl_ms > 0 then
-  for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl_ms) end
+  local ttl_s = string.format('%d', ttl_ms)
+  if not counters_exist then redis.call('PEXPIRE', KEYS[1], ttl_s) end
+  if not holds_exist then
+    redis.call('PEXPIRE', KEYS[2], ttl_s)
+    redis.call('PEXPIRE', KEYS[3], ttl_s)
+  end
 end
 return {1, spend, reserved + estimate}

@@ -15,7 +15,8 @@
 -- The marker is HSETNX'd inside this script: a replay (journal, retry) changes nothing.
 -- A reservation already purged as expired (by budget_reserve) is simply absent: the
 -- actual cost is still charged, and `reserved` was already reduced by the purge.
--- No time is needed (no ARGV now_ms, no TIME).
+-- No time is needed (no ARGV now_ms, no TIME). The counters' TTL is armed only when no hold
+-- was found (the counters may be created here), as in budget_reserve.lua.
 -- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53.
 
 local LIMIT = 9007199254740992
@@ -33,7 +34,7 @@ if not (actual and ttl_ms and marker_ttl_ms) or #ARGV ~= 4 then
 end
 local request_id = ARGV[1]
 
-if redis.call('HSETNX', KEYS[4], request_id, 1) == 0 then
+if redis.call('HSETNX', KEYS[4], request_id, '1') == 0 then
   return {0, 0, tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0}
 end
 if redis.call('HLEN', KEYS[4]) == 1 then redis.call('PEXPIRE', KEYS[4], marker_ttl_ms) end
@@ -50,7 +51,9 @@ redis.call('ZREM', KEYS[3], request_id)
 local spend
 if actual > 0 then
   spend = redis.call('HINCRBY', KEYS[1], 'spend', actual)
-  if ttl_ms > 0 then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
+  -- A hold existed, so did the counters, with their TTL (armed at creation, see
+  -- budget_reserve.lua); otherwise this call may have created them.
+  if ttl_ms > 0 and not amount then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
 else
   spend = tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0
 end

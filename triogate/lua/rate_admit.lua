@@ -35,6 +35,14 @@
 -- window idle for over a minute, or written before `t` existed, is read whole (HGETALL)
 -- and rebuilt. Old buckets are deleted, and `t`/`o` moved on, when a request is admitted
 -- (only then is anything written); a rejection reads the buckets to compute the retry.
+-- The check's HMGET also reads the current bucket, so an admission writes each window
+-- with one HSET (bucket, `t`, `o`): exact, since the script runs atomically.
+-- TTL: every write that creates a bucket field arms the window's TTL (WINDOW_TTL_MS, here
+-- and in rate_settle.lua); a write to a bucket that exists leaves the TTL alone. The TTL
+-- was thus armed no earlier than the start of the newest bucket's second: a window lives
+-- at least WINDOW_TTL_MS - 1 s after its newest bucket began, twice the minute its buckets
+-- count, and at most WINDOW_TTL_MS after it (never forever). Windows written by an older
+-- version had their TTL re-armed on every admission, so they satisfy the same bound.
 local BUCKET_MS = 1000
 local BUCKETS = 60
 local WINDOW_TTL_MS = 120000
@@ -75,21 +83,29 @@ if not ok_args then
     .. 'lease_ms (> 0), then a kind (r|t|p) and an integer limit >= 0 per key')
 end
 local request_id = ARGV[2]
-local lease_now = lease_clock(now_ms)
+-- TIME only when a parallel window needs leases judged (r/t windows take ARGV's clock).
+local lease_now = nil
+for i = 1, n do
+  if kinds[i] == 'p' then lease_now = lease_clock(now_ms) break end
+end
 local current = math.floor(now_ms / BUCKET_MS)
+-- Numbers go to redis.call as '%d' strings: a Lua number would be written with '%.17g',
+-- the C library's costly floating-point path, and these are all integers.
+local current_s = string.format('%d', current)
 local oldest = current - BUCKETS + 1
 
 -- Read every window: total in window (t after removing old buckets), the new `o`, and
 -- the fields to drop when admitted.
 local ROLL_MAX = 64
-local used, stale, origin = {}, {}, {}
+local used, stale, origin, bucket_now = {}, {}, {}, {}
 for i = 1, n do
   if kinds[i] == 'p' then
     used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', lease_now), '+inf')
   else
     local key = KEYS[i]
-    local head = redis.call('HMGET', key, 't', 'o')
+    local head = redis.call('HMGET', key, 't', 'o', current_s)
     local total, low = tonumber(head[1]), tonumber(head[2])
+    bucket_now[i] = tonumber(head[3])
     local old = {}
     if total and low and oldest - low <= ROLL_MAX then
       if low < oldest then
@@ -114,6 +130,7 @@ for i = 1, n do
         if b and b >= oldest then
           total = total + c
           if b < low then low = b end
+          if b == current then bucket_now[i] = c end
         elseif name ~= 't' and name ~= 'o' then
           old[#old + 1] = name
         end
@@ -184,9 +201,11 @@ for i = 1, n do
     local low = origin[i]
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
-      redis.call('HINCRBY', key, current, add)
-      redis.call('HSET', key, 't', used[i] + add, 'o', low)
-      redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+      local before = bucket_now[i]
+      redis.call('HSET', key, current_s, string.format('%d', (before or 0) + add),
+        't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+      -- The TTL is armed by the write that creates a bucket (see the header).
+      if not before then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
     elseif used[i] == 0 then
       redis.call('DEL', key)  -- nothing left in the window
     elseif #stale[i] > 0 or redis.call('EXISTS', key) == 1 then

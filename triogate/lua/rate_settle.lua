@@ -20,7 +20,8 @@
 --
 -- A bucket that has slid out of the window (bucket <= floor(now_ms/1000) - 60) is not
 -- touched: its count no longer matters and it must not be re-created. A bucket never goes
--- below 0 (it is deleted at 0).
+-- below 0 (it is deleted at 0). The window's TTL is armed only by a write that creates a
+-- bucket, as in rate_admit.lua, whose header states the rule and its bound.
 -- Integers only.
 
 local BUCKET_MS = 1000
@@ -51,18 +52,20 @@ if not ok_args then
 end
 local request_id = ARGV[1]
 
-if redis.call('HSETNX', KEYS[n + 1], request_id, 1) == 0 then
+if redis.call('HSETNX', KEYS[n + 1], request_id, '1') == 0 then
   return 0
 end
 if redis.call('HLEN', KEYS[n + 1]) == 1 then redis.call('PEXPIRE', KEYS[n + 1], marker_ttl_ms) end
 
 local in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
+-- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
+local bucket_s = string.format('%d', bucket)
 
 -- Keeps the window's summary (see rate_admit.lua): `t` moves with the bucket; a bucket
 -- below `o` has already been dropped from the window and is left alone.
 local function adjust(key, delta)
   if delta == 0 or not in_window then return end
-  local state = redis.call('HMGET', key, bucket, 't', 'o')
+  local state = redis.call('HMGET', key, bucket_s, 't', 'o')
   local low = tonumber(state[3])
   if low and bucket < low then return end
   local before = tonumber(state[1]) or 0
@@ -70,13 +73,15 @@ local function adjust(key, delta)
   local total = tonumber(state[2])
   if value > 0 then
     if total then
-      redis.call('HSET', key, bucket, value, 't', total + delta)
+      redis.call('HSET', key, bucket_s, string.format('%d', value),
+        't', string.format('%d', total + delta))
     else
-      redis.call('HSET', key, bucket, value)
+      redis.call('HSET', key, bucket_s, string.format('%d', value))
     end
-    redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+    -- Only a write that creates the bucket arms the TTL (the rule of rate_admit.lua).
+    if not state[1] then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
   else
-    redis.call('HDEL', key, bucket)
+    redis.call('HDEL', key, bucket_s)
     if total and total - before <= 0 then
       redis.call('DEL', key)  -- no bucket left: no trace
     elseif total then

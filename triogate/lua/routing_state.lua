@@ -61,18 +61,34 @@ local function num(value)
   return 0
 end
 
+-- One HMGET per hash for the whole group (3 reads, whatever the number of deployments).
+local ids, usage_fields = {}, {}
+for i = 1, n do
+  local id = ARGV[7 + 3 * (i - 1)]
+  ids[i] = id
+  usage_fields[#usage_fields + 1] = 'rpm:' .. id
+  usage_fields[#usage_fields + 1] = 'tpm:' .. id
+  usage_fields[#usage_fields + 1] = 'fail:' .. id
+end
+local usage, cooldowns, latencies = {}, {}, {}
+if n > 0 then
+  usage = redis.call('HMGET', KEYS[1], unpack(usage_fields))
+  cooldowns = redis.call('HMGET', KEYS[2], unpack(ids))
+  latencies = redis.call('HMGET', KEYS[3], unpack(ids))
+end
+
+local live_after = string.format('(%d', lease_now)  -- not '(' .. n: that is '%.14g'
 local stats = {}
 for i = 1, n do
   local base = 7 + 3 * (i - 1)
-  local id = ARGV[base]
   local s = {
     rpm_limit = tonumber(ARGV[base + 1]),
     tpm_limit = tonumber(ARGV[base + 2]),
-    rpm = num(redis.call('HGET', KEYS[1], 'rpm:' .. id)),
-    tpm = num(redis.call('HGET', KEYS[1], 'tpm:' .. id)),
-    fails = num(redis.call('HGET', KEYS[1], 'fail:' .. id)),
-    until_ms = num(redis.call('HGET', KEYS[2], id)),
-    latency = redis.call('HGET', KEYS[3], id) or '',
+    rpm = num(usage[3 * i - 2]),
+    tpm = num(usage[3 * i - 1]),
+    fails = num(usage[3 * i]),
+    until_ms = num(cooldowns[i]),
+    latency = latencies[i] or '',
   }
   if s.until_ms <= now then s.until_ms = 0 end
   if claim then
@@ -80,7 +96,7 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', lease_now)
     s.in_flight = redis.call('ZCARD', KEYS[3 + i])
   else
-    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], '(' .. lease_now, '+inf')
+    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], live_after, '+inf')
   end
   stats[i] = s
 end
@@ -110,7 +126,7 @@ if claim and claimed == 0 and n > 0 then
   end
   if best ~= nil then
     local key = KEYS[3 + best]
-    redis.call('ZADD', key, lease_now + lease_ms, request_id)
+    redis.call('ZADD', key, string.format('%d', lease_now + lease_ms), request_id)
     redis.call('PEXPIRE', key, lease_ms)
     stats[best].in_flight = redis.call('ZCARD', key)
     claimed = best

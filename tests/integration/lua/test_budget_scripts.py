@@ -77,6 +77,9 @@ RESERVE_ROWS = [
     ReserveRow("same request again changes nothing", 300, 1000, [1, 0, 300],
                holds={"r1": 300}, leases={"r1": NOW + 10}, after_holds={"r1": 300},
                after_reserved=300),
+    ReserveRow("same request again, now over the budget, is still admitted", 300, 1000,
+               [1, 900, 300], spend=900, holds={"r1": 300}, leases={"r1": NOW + 10},
+               after_holds={"r1": 300}, after_reserved=300),
 ]
 
 
@@ -124,6 +127,52 @@ async def test_budget_reserve_sets_ttl_only_for_periodic_budgets(redis: RespBack
         forever = [await one(redis, "PTTL", k) for k in lifetime.as_tuple()]
     assert all(isinstance(t, int) and 80_000 < t <= 90_000 for t in ttls)
     assert forever == [-1, -1, -1]
+
+
+async def test_budget_ttls_are_armed_when_the_keys_are_created(redis: RespBackend) -> None:
+    """Reservations arm a key's TTL when they create it and leave it alone otherwise; the
+    holds and leases, deleted whenever no request is in flight, are armed again each time
+    they come back, so no key is ever left without a TTL."""
+    settle_keys = (*K.as_tuple(), MARKER)
+
+    async def ttls() -> list[object]:
+        return [await one(redis, "PTTL", k) for k in K.as_tuple()]
+
+    with trio.fail_after(5):
+        await run(redis, RESERVE, K.as_tuple(), [NOW, "r1", 5, 10_000, LEASE, 90_000])
+        created = await ttls()
+        for key in K.as_tuple():
+            await one(redis, "PEXPIRE", key, 5_000)
+        await run(redis, RESERVE, K.as_tuple(), [NOW, "r2", 5, 10_000, LEASE, 90_000])
+        kept = await ttls()
+        for rid in ("r1", "r2"):
+            await run(redis, SETTLE, settle_keys, [rid, 3, 90_000, 60_000])
+        emptied = [await one(redis, "EXISTS", k) for k in K.as_tuple()]
+        await run(redis, RESERVE, K.as_tuple(), [NOW, "r3", 5, 10_000, LEASE, 90_000])
+        rearmed = await ttls()
+        for i in range(30):
+            await run(redis, RESERVE, K.as_tuple(), [NOW, f"q{i}", 5, 10_000, LEASE, 90_000])
+            await run(redis, SETTLE, settle_keys, [f"q{i}", 2, 90_000, 60_000])
+        after_many = await ttls()
+        counters = await hash_ints(redis, K.counters)
+    assert all(isinstance(t, int) and 80_000 < t <= 90_000 for t in created)
+    assert all(isinstance(t, int) and 0 < t <= 5_000 for t in kept)
+    assert emptied == [1, 0, 0]
+    assert isinstance(rearmed[0], int) and 0 < rearmed[0] <= 5_000
+    assert all(isinstance(t, int) and 80_000 < t <= 90_000 for t in rearmed[1:])
+    assert all(isinstance(t, int) and 0 < t <= 90_000 for t in after_many)
+    assert counters == {"spend": 3 * 2 + 2 * 30, "reserved": 5}
+
+
+async def test_budget_settle_leaves_the_ttl_of_existing_counters(redis: RespBackend) -> None:
+    with trio.fail_after(5):
+        await run(redis, RESERVE, K.as_tuple(), [NOW, "r1", 5, 100, LEASE, 90_000])
+        await one(redis, "PEXPIRE", K.counters, 5_000)
+        await run(redis, SETTLE, (*K.as_tuple(), MARKER), ["r1", 7, 90_000, 60_000])
+        ttl = await one(redis, "PTTL", K.counters)
+        counters = await hash_ints(redis, K.counters)
+    assert isinstance(ttl, int) and 0 < ttl <= 5_000
+    assert counters == {"spend": 7, "reserved": 0}
 
 
 @pytest.mark.parametrize(

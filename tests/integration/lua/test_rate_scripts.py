@@ -138,6 +138,48 @@ async def test_rate_admit_sets_ttls(redis: RespBackend) -> None:
     assert LEASE < ttls[2] <= LEASE + 120_000  # type: ignore[operator]
 
 
+async def test_rate_admit_arms_the_ttl_when_a_bucket_is_created(redis: RespBackend) -> None:
+    """The TTL is armed by the write that creates a bucket and left alone by writes to a
+    bucket that exists; many admissions never leave a window without one."""
+    windows = [(R, "r", 1000), (T, "t", 100_000)]
+    with trio.fail_after(5):
+        for i in range(50):
+            args = _args(windows, 5)
+            args[1] = f"q{i}"
+            await run(redis, ADMIT, [R, T], args)
+        many = [await one(redis, "PTTL", k) for k in (R, T)]
+        for k in (R, T):
+            await one(redis, "PEXPIRE", k, 5_000)
+        await run(redis, ADMIT, [R, T], _args(windows, 5))  # same bucket: TTL left alone
+        same = [await one(redis, "PTTL", k) for k in (R, T)]
+        await run(redis, ADMIT, [R, T], _args(windows, 5, NOW + 1000))  # a new bucket
+        fresh = [await one(redis, "PTTL", k) for k in (R, T)]
+        counts = [await window_buckets(redis, k) for k in (R, T)]
+    assert all(isinstance(t, int) and 110_000 < t <= 120_000 for t in many)
+    assert all(isinstance(t, int) and 0 < t <= 5_000 for t in same)
+    assert all(isinstance(t, int) and 110_000 < t <= 120_000 for t in fresh)
+    assert counts == [{str(CUR): 51, str(CUR + 1): 1}, {str(CUR): 255, str(CUR + 1): 5}]
+
+
+async def test_rate_settle_arms_the_ttl_only_when_it_creates_a_bucket(
+    redis: RespBackend,
+) -> None:
+    args = ["r1", "a", CUR, 10, 30, NOW, 60_000, "t"]
+    with trio.fail_after(5):
+        await load(redis, {T: {str(CUR): 10, "t": 10, "o": CUR}})
+        await one(redis, "PEXPIRE", T, 5_000)
+        await run(redis, SETTLE, [T, MARKER], args)  # the bucket exists: TTL left alone
+        kept = await one(redis, "PTTL", T)
+        await one(redis, "DEL", T)
+        await load(redis, {T: {str(CUR - 1): 10, "t": 10, "o": CUR - 1}})
+        await run(redis, SETTLE, [T, MARKER], ["r2", *args[1:]])  # creates bucket CUR
+        armed = await one(redis, "PTTL", T)
+        after = await window_buckets(redis, T)
+    assert isinstance(kept, int) and 0 < kept <= 5_000
+    assert isinstance(armed, int) and 110_000 < armed <= 120_000
+    assert after == {str(CUR - 1): 10, str(CUR): 20}
+
+
 @pytest.mark.parametrize(
     "args",
     [
