@@ -1,0 +1,309 @@
+"""Script fusion: the script calls of one pipeline leave as one ``EVALSHA``, not one each.
+
+Why: on the server, a script call's fixed cost (the EVALSHA command itself, the script
+lookup, the Lua call, setting up KEYS and ARGV, the reply) is a large share of what a
+small governance script costs; a governed request sends fourteen of them. Fused, the
+calls of one round cost one command's overhead, and the server's work per request
+falls accordingly (bench/README.md has the figures).
+
+How: for the distinct scripts of a group (sorted by SHA, so one set is one fused script
+whatever the order of the calls), a Lua source is generated once per set and cached on
+the backend's :class:`Fuser`. Each member's source becomes the body of
+``local f_i = function(KEYS, ARGV, ...) <source> end``, with its first line on the
+``function`` line, so a member's line numbers are those of the fused script shifted by a
+known offset. A dispatcher follows. The wire is::
+
+    EVALSHA <fused sha> <all keys> <n> (<script index> <key count> <arg count>)*n <all args>
+
+The dispatcher slices KEYS and ARGV into fresh tables per call and runs each call under
+``xpcall`` with the server's own error handler (``__redis__err__handler``, the one
+Redis 7 and Valkey use at a script's top level), in the order the calls were declared.
+Each call answers one element: ``{1, result}`` (Redis converts ``result`` exactly as it
+would a lone script's reply, recursively: numbers, strings, nil/false → nil, status
+and error-reply tables, so an error *returned* with ``redis.error_reply`` arrives nested
+and hiredis decodes it as a :class:`CommandError`), or ``{0, err, line, source}`` for a
+raised error (a Lua runtime error, ``error(...)``, or a failed ``redis.call``).
+:meth:`FusedScript.split` turns those into what a lone ``EVALSHA`` would have given the
+owner: the value, ``None``, or a :class:`CommandError` whose text is the one Redis
+builds (``<err> script: <member sha>, on @user_script:<line>.``, with the line and the
+``user_script:N:`` position in the message shifted back to the member's own lines).
+
+Semantics, compared with one EVALSHA per call:
+
+* A fused group runs atomically: nothing of another client runs between its calls.
+  Before, it could. This is stronger, never weaker: no one could rely on interleaving.
+* A call that fails (an error returned or raised) does not stop the others: each runs
+  under its own ``xpcall``, exactly as separate EVALSHAs are independent. What one call
+  wrote before failing stays written, as before (Redis scripts never roll back).
+* Order: calls run in declaration order. The fused call takes the place of the group's
+  first script call; plain commands keep their order relative to each other and to it.
+  So a plain command declared between two script calls now runs after both. A pipeline
+  was never atomic against other clients, and the commands of one round come from
+  participants that waited on nothing of each other, so no one can depend on it.
+* An error of the fused call as a whole (``NOSCRIPT``, ``BUSY``, ``CROSSSLOT``,
+  ``LOADING``, a timeout, ...) is every member's, as it would have been for each lone
+  call; ``NOSCRIPT`` is retried with ``EVAL`` of the fused source by the flush.
+* Loading: the first time a backend's fuser uses a set, the pipeline carries a
+  ``SCRIPT LOAD`` of the fused source just ahead of the fused call (its reply is
+  nobody's; a cluster sends it to every primary). Without it, every new *combination*
+  of already loaded scripts would cost its owners a NOSCRIPT round, and which scripts
+  meet in a pipeline varies (identity refreshes, routing, the settler's group commit).
+  After a ``SCRIPT FLUSH`` or a restart the NOSCRIPT → ``EVAL`` path applies, as for
+  lone scripts.
+* Which scripts are fused: those with source (a script replayed from a journal without
+  its source cannot be ``EVAL``ed on NOSCRIPT, so it is sent alone) and without a
+  ``#!`` shebang (flags apply to a whole script). On a Redis Cluster only calls whose
+  keys hash to the same slot are fused (one EVALSHA's keys must share a slot): the
+  cluster backend's fuser groups by slot. A single server fuses every call of a pipeline.
+* Counting: tracer records and round-trip counts list the logical commands per owner
+  (the flush records member indices); a backend's ``statistics().commands`` counts what
+  went on the wire, so a fused call counts one there. Waits per request do not change.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+from ._errors import BackendUnavailable, CommandError
+from ._scripts import Script
+from ._slots import Spread, command_slot
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._backend import Wire
+    from ._command import Arg, Command
+
+#: Distinct script sets a fuser remembers; past it the cache starts afresh (a gateway
+#: has a handful of scripts, so a handful of sets).
+MAX_CACHED_SETS = 256
+
+_DISPATCHER = """\
+local fns = {%(functions)s}
+local handler = rawget(_G, '__redis__err__handler') or function(e)
+  if type(e) ~= 'table' then e = {err = 'ERR ' .. tostring(e)} end
+  return e
+end
+local n = tonumber(ARGV[1])
+local out = {}
+local k, a = 0, 1 + 3 * n
+for c = 1, n do
+  local p = 3 * c - 1
+  local f, nk, na = fns[tonumber(ARGV[p])], tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
+  local keys, argv = {}, {}
+  for j = 1, nk do keys[j] = KEYS[k + j] end
+  for j = 1, na do argv[j] = ARGV[a + j] end
+  k, a = k + nk, a + na
+  local ok, r = xpcall(function() return f(keys, argv) end, handler)
+  if ok then
+    out[c] = {1, r}
+  elseif type(r) == 'table' then
+    out[c] = {0, tostring(r.err), r.line, r.source}
+  else
+    out[c] = {0, 'ERR ' .. tostring(r)}
+  end
+end
+return out
+"""
+
+_POSITION = re.compile(r"^(ERR user_script:)(\d+)(:)")
+
+
+def fusable(script: Script | None) -> bool:
+    """Whether calls of ``script`` may be fused: it has source and no shebang (flags)."""
+    return script is not None and bool(script.source) and not script.source.startswith(b"#!")
+
+
+@final
+@attrs.frozen(kw_only=True, eq=False)
+class FusedScript:
+    """The generated script for one set of member scripts."""
+
+    script: Script
+    members: tuple[Script, ...]
+    #: Fused line of each member's line 1, minus one.
+    offsets: tuple[int, ...]
+    #: Lines of each member's source.
+    lengths: tuple[int, ...]
+    #: Member SHA → 1-based index in the dispatcher's table.
+    index: dict[str, int]
+
+    @classmethod
+    def generate(cls, members: Sequence[Script]) -> FusedScript:
+        """Generate the fused script of ``members`` (distinct, sorted by the caller)."""
+        parts = [
+            "-- generated by triogate.batch (script fusion): "
+            + ", ".join(m.name for m in members) + "\n"
+        ]
+        line = 2  # the line the next part starts on
+        offsets, lengths = [], []
+        for i, member in enumerate(members, 1):
+            body = member.source.decode()
+            offsets.append(line - 1)
+            lengths.append(body.count("\n") + 1)
+            parts.append(f"local f_{i} = function(KEYS, ARGV, ...) {body}\nend\n")
+            line += body.count("\n") + 2
+        functions = ", ".join(f"f_{i}" for i in range(1, len(members) + 1))
+        parts.append(_DISPATCHER % {"functions": functions})
+        name = "fused(" + "+".join(m.name for m in members) + ")"
+        return cls(
+            script=Script.from_source(name, "".join(parts)),
+            members=tuple(members),
+            offsets=tuple(offsets),
+            lengths=tuple(lengths),
+            index={m.sha: i for i, m in enumerate(members, 1)},
+        )
+
+    def wire(self, calls: Sequence[Command], *, use_eval: bool = False) -> Wire:
+        """One ``EVALSHA`` (or ``EVAL``) carrying ``calls``, in their order."""
+        keys: list[Arg] = []
+        header: list[Arg] = [len(calls)]
+        args: list[Arg] = []
+        index = self.index
+        for call in calls:
+            assert call.script is not None
+            header += (index[call.script.sha], len(call.keys), len(call.args))
+            keys += call.keys
+            args += call.args
+        head: tuple[Arg, ...] = (
+            ("EVAL", self.script.source) if use_eval else ("EVALSHA", self.script.sha))
+        return (*head, len(keys), *keys, *header, *args)
+
+    def split(self, calls: Sequence[Command], reply: object) -> list[object]:
+        """The reply each of ``calls`` would have had from its own EVALSHA."""
+        if isinstance(reply, CommandError):
+            return [CommandError(reply.reply) for _ in calls]
+        if isinstance(reply, BackendUnavailable):
+            return [BackendUnavailable(reply.backend, reply.reason) for _ in calls]
+        if isinstance(reply, BaseException):
+            return [reply for _ in calls]
+        if not isinstance(reply, list) or len(reply) != len(calls):
+            bad = f"ERR fused script {self.script.sha[:8]}: unexpected reply {reply!r:.100}"
+            return [CommandError(bad) for _ in calls]
+        return [self._one(call, element) for call, element in zip(calls, reply, strict=True)]
+
+    def _one(self, call: Command, element: object) -> object:
+        if not isinstance(element, list) or not element or element[0] not in (0, 1):
+            return CommandError(f"ERR fused script: unexpected element {element!r:.100}")
+        if element[0] == 1:
+            return element[1] if len(element) > 1 else None
+        assert call.script is not None
+        member = self.index[call.script.sha] - 1
+        offset, length = self.offsets[member], self.lengths[member]
+
+        def own(line: int) -> int:
+            return line - offset if offset < line <= offset + length else line
+
+        message = _text(element[1]) if len(element) > 1 else "ERR"
+        message = _POSITION.sub(lambda m: f"{m[1]}{own(int(m[2]))}{m[3]}", message, count=1)
+        if len(element) > 3 and isinstance(element[2], int):
+            line, source = own(element[2]), _text(element[3])
+            message = f"{message} script: {call.script.sha}, on {source}:{line}."
+        return CommandError(message)
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+@attrs.frozen
+class Unit:
+    """What one wire of a pipeline carries: one command, a fused group of calls, or (no
+    members, ``fused`` set) the ``SCRIPT LOAD`` of a fused script, whose reply is nobody's.
+    """
+
+    #: Positions, in the round's command list, of the commands this wire answers.
+    members: tuple[int, ...]
+    fused: FusedScript | None = None
+
+    def wire(self, commands: Sequence[Command], *, use_eval: bool = False) -> Wire:
+        if self.fused is None:
+            return commands[self.members[0]].wire(use_eval=use_eval)
+        if not self.members:
+            return ("SCRIPT", "LOAD", self.fused.script.source)
+        return self.fused.wire([commands[i] for i in self.members], use_eval=use_eval)
+
+    def split(self, commands: Sequence[Command], reply: object) -> list[object]:
+        if self.fused is None:
+            return [reply]
+        return self.fused.split([commands[i] for i in self.members], reply)
+
+    def evalable(self, commands: Sequence[Command]) -> bool:
+        """Whether a NOSCRIPT can be retried with EVAL (the script has source)."""
+        if self.fused is not None:
+            return bool(self.members)
+        script = commands[self.members[0]].script
+        return script is not None and bool(script.source)
+
+
+@final
+class Fuser:
+    """A backend's fusion policy and its cache of generated scripts.
+
+    Args:
+        per_slot: fuse only calls whose keys hash to one slot (Redis Cluster); calls
+            without keys, or with keys in several slots, are sent alone.
+    """
+
+    def __init__(self, *, per_slot: bool = False) -> None:
+        self.per_slot = per_slot
+        self._cache: dict[tuple[str, ...], FusedScript] = {}
+        self._loaded: set[str] = set()
+        #: Fused calls sent, and the script calls they carried.
+        self.fused_calls = 0
+        self.fused_members = 0
+
+    def fused(self, scripts: Sequence[Script]) -> FusedScript:
+        """The fused script of the distinct ``scripts``, generated once per set."""
+        distinct = sorted({s.sha: s for s in scripts}.values(), key=lambda s: s.sha)
+        key = tuple(s.sha for s in distinct)
+        found = self._cache.get(key)
+        if found is None:
+            if len(self._cache) >= MAX_CACHED_SETS:
+                self._cache.clear()
+                self._loaded.clear()
+            found = self._cache[key] = FusedScript.generate(distinct)
+        return found
+
+    def plan(self, commands: Sequence[Command], indices: Sequence[int]) -> list[Unit]:
+        """The wires of one pipeline: script calls grouped, each group at its first place."""
+        groups: dict[int, list[int]] = {}  # slot (or 0 on a single server) → positions
+        order: list[int | list[int]] = []  # a lone command's position, or a group
+        per_slot = self.per_slot
+        for i in indices:
+            command = commands[i]
+            if not fusable(command.script):
+                order.append(i)
+                continue
+            slot = command_slot(command.wire()) if per_slot else 0
+            if isinstance(slot, Spread):
+                order.append(i)
+                continue
+            members = groups.get(slot)
+            if members is None:
+                members = groups[slot] = []
+                order.append(members)
+            members.append(i)
+        units: list[Unit] = []
+        for entry in order:
+            if isinstance(entry, int):
+                units.append(Unit((entry,)))
+            elif len(entry) == 1:
+                units.append(Unit((entry[0],)))
+            else:
+                scripts = [commands[i].script for i in entry]
+                fused = self.fused([s for s in scripts if s is not None])
+                if fused.script.sha not in self._loaded:
+                    # New to this backend: load it in the same pipeline, ahead of its
+                    # first call (on a cluster, SCRIPT LOAD reaches every primary), so a
+                    # new set of scripts costs no NOSCRIPT round when its members were
+                    # known. After a SCRIPT FLUSH or a restart, NOSCRIPT → EVAL, as ever.
+                    self._loaded.add(fused.script.sha)
+                    units.append(Unit((), fused))
+                self.fused_calls += 1
+                self.fused_members += len(entry)
+                units.append(Unit(tuple(entry), fused))
+        return units
