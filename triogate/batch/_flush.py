@@ -75,18 +75,20 @@ async def _send_pipeline(
     sent: Callable[[PipelineSent], None] | None,
 ) -> None:
     fuser = getattr(backend, "script_fuser", None)
-    if isinstance(fuser, Fuser):
-        units = fuser.plan(commands, indices)
-    else:
-        units = [Unit((i,)) for i in indices]
+    if not isinstance(fuser, Fuser):
+        fuser = None
+    units = [Unit((i,)) for i in indices] if fuser is None else fuser.plan(commands, indices)
     wires = [u.wire(commands) for u in units]
     replies = await _execute(backend, wires, indices, sent, False)
     retry: list[Unit] = []
     for unit, reply in zip(units, replies, strict=True):
+        if not unit.members:  # a fused script's SCRIPT LOAD: its reply is nobody's
+            assert fuser is not None
+            fuser.loaded(unit, reply)
         # A source-less script (replayed from a journal, not in the registry) cannot be
         # EVALed: its NOSCRIPT goes to its owner. Source-less scripts are never fused.
-        if isinstance(reply, CommandError) and reply.is_noscript and unit.evalable(commands):
-            retry.append(unit)
+        elif isinstance(reply, CommandError) and reply.is_noscript and unit.evalable(commands):
+            retry += [unit] if fuser is None else fuser.for_retry(unit)
         else:
             _deliver(unit, commands, reply, deliver)
     if retry:
@@ -103,8 +105,6 @@ def _deliver(
     if unit.fused is None:
         deliver(unit.members[0], reply)
         return
-    # A fused script's SCRIPT LOAD has no members: its reply is nobody's (a failed load
-    # shows again as the NOSCRIPT of the call after it, which is retried with EVAL).
     for i, own in zip(unit.members, unit.split(commands, reply), strict=True):
         deliver(i, own)
 
