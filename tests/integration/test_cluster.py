@@ -237,6 +237,81 @@ async def test_noscript_falls_back_to_eval_after_script_flush_on_every_node(
     assert not [r for r in tracer.records("loaded") if r.retry]
 
 
+async def _script_calls(urls: Sequence[str]) -> list[dict[str, int]]:
+    """Per node: calls of EVALSHA, EVAL and SCRIPT LOAD since the last CONFIG RESETSTAT."""
+    counts = []
+    for url in urls:
+        node = RespBackend(url, command_timeout_s=TIMEOUT_S)
+        (info,) = await node.execute([("INFO", "commandstats")])
+        await node.aclose()
+        assert isinstance(info, bytes)
+        found = {}
+        for line in info.decode().splitlines():
+            name, _, rest = line.partition(":")
+            if name in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_script|load"):
+                found[name.removeprefix("cmdstat_")] = int(rest.split(",")[0].split("=")[1])
+        counts.append(found)
+    return counts
+
+
+async def test_script_calls_are_fused_per_slot_and_answer_as_lone_calls(
+    local_cluster: LocalCluster, cluster: ClusterBackend
+) -> None:
+    # Two hash tags on two different nodes; three calls in each, and one cross-slot call.
+    tags = ["{" + key_on(cluster, node, "f") + "}" for node in cluster.nodes[:2]]
+
+    async def one_round(trace_id: str, tracer: MemoryTracer) -> list[object]:
+        async with open_batch_scope({"default": cluster}, tracer=tracer,
+                                    trace_id=trace_id) as scope:
+            handles = [scope.batch.call(PAIR, keys=[f"{t}:{i}", f"{t}:{i}b"], args=[f"{t}{i}"],
+                                        owner=f"{t}{i}") for i in range(3) for t in tags]
+            split = scope.batch.call(PAIR, keys=[f"{tags[0]}:s", f"{tags[1]}:s"], args=["no"],
+                                     owner="split")
+            results: list[object] = [await h for h in handles]
+            with pytest.raises(CommandError, match="CROSSSLOT"):
+                await split
+            return results
+
+    tracer = MemoryTracer()
+    expected = [[f"{t}{i}".encode()] * 2 for i in range(3) for t in tags]
+    with trio.fail_after(10):
+        assert await one_round("first", tracer) == expected
+        for url in local_cluster.urls:
+            node = RespBackend(url, command_timeout_s=TIMEOUT_S)
+            await node.execute([("CONFIG", "RESETSTAT")])
+            await node.aclose()
+        assert await one_round("second", tracer) == expected
+        counts = await _script_calls(local_cluster.urls)
+    # One fused EVALSHA on each of the two nodes, no NOSCRIPT retry: the first round's
+    # SCRIPT LOAD of the fused script reached every primary.
+    assert sorted(c.get("evalsha", 0) for c in counts) == [0, 1, 1]
+    assert sum(c.get("eval", 0) for c in counts) == 0
+    assert not [r for r in tracer.records("first") if r.retry]
+    (record,) = tracer.records("second")
+    assert record.commands == ("EVALSHA pair",) * 7  # logical calls, as declared
+
+
+async def test_fused_calls_survive_script_flush_on_every_node(
+    local_cluster: LocalCluster, cluster: ClusterBackend
+) -> None:
+    tag = "{" + key_on(cluster, cluster.nodes[0], "n") + "}"
+    tracer = MemoryTracer()
+
+    async def one_round(trace_id: str) -> list[object]:
+        async with open_batch_scope({"default": cluster}, tracer=tracer,
+                                    trace_id=trace_id) as scope:
+            handles = [scope.batch.call(PAIR, keys=[f"{tag}{i}", f"{tag}{i}b"], args=[i],
+                                        owner=str(i)) for i in range(2)]
+            return [await h for h in handles]
+
+    with trio.fail_after(10):
+        assert await one_round("a") == [[b"0", b"0"], [b"1", b"1"]]
+        assert await cluster.execute([("SCRIPT", "FLUSH")]) == [b"OK"]
+        assert await one_round("b") == [[b"0", b"0"], [b"1", b"1"]]
+    retries = [r for r in tracer.records("b") if r.retry]
+    assert [r.owners for r in retries] == [("0", "1")]
+
+
 # --------------------------------------------------------------------------- redirections
 
 

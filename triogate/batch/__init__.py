@@ -10,6 +10,8 @@ the gateway). The pieces:
   with group commit, journaled when Redis is down or busy (transient error replies),
   replayed in chunks, dead-lettered when they never can land, drained on shutdown.
 * :class:`Script`: Lua as a file plus its SHA; EVALSHA with a per-owner EVAL fallback.
+  The script calls of one pipeline are fused into one EVALSHA where the backend allows
+  it (``_fusion.py``); every owner still gets its own call's reply.
 * Backends: :class:`RespBackend` (own pipelined RESP2 client), :class:`ClusterBackend`
   (Redis Cluster: one pipeline per node, the nodes concurrently, so a round is still
   one wait) and the :class:`Backend` protocol.

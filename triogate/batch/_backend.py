@@ -27,7 +27,14 @@ Wire = tuple["Arg", ...]
 
 
 class Backend(Protocol):
-    """Sends pipelines to one Redis-compatible deployment (a server, or a whole cluster)."""
+    """Sends pipelines to one Redis-compatible deployment (a server, or a whole cluster).
+
+    A backend may also have a ``script_fuser`` attribute (a :class:`~._fusion.Fuser`, or
+    None): the flush then sends the script calls of a pipeline fused, as that fuser says
+    (all at once on a server, per hash slot on a cluster). Without one, every script
+    call is its own ``EVALSHA``. It is optional so that any object with ``name`` and
+    ``execute`` stays a backend (test fakes opt out by not having it).
+    """
 
     @property
     def name(self) -> str:

@@ -45,6 +45,7 @@ import trio
 
 from ._backend import RedisAddress, redact_url
 from ._errors import BackendUnavailable, CommandError
+from ._fusion import Fuser
 from ._resp import RespBackend
 from ._slots import SLOTS, Spread, command_name, command_slot, key_slot
 
@@ -216,6 +217,8 @@ class ClusterBackend:
         min_refresh_interval_s: least time between two slot-map refreshes.
         node_backend: ``(url, name) -> NodeBackend``; default a :class:`RespBackend`.
             Tests pass fakes or wrappers here.
+        fuse_scripts: fuse the script calls of a round whose keys share a slot into one
+            ``EVALSHA`` (``_fusion.py``); False sends one ``EVALSHA`` per call.
 
     Raises:
         ValueError: the seeds cannot be parsed (see :func:`cluster_seeds`).
@@ -232,8 +235,10 @@ class ClusterBackend:
         max_redirects: int = 3,
         min_refresh_interval_s: float = 1.0,
         node_backend: Callable[[str, str], NodeBackend] | None = None,
+        fuse_scripts: bool = True,
     ) -> None:
         seeds = cluster_seeds(url_or_seeds)
+        self._fuser = Fuser(per_slot=True) if fuse_scripts else None
         self._template = seeds[0]
         self._seeds = tuple(f"{s.host}:{s.port}" for s in seeds)
         shown = [url_or_seeds] if isinstance(url_or_seeds, str) else list(url_or_seeds)
@@ -269,6 +274,12 @@ class ClusterBackend:
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def script_fuser(self) -> Fuser | None:
+        """How the flush fuses this backend's script calls: per hash slot (one EVALSHA's
+        keys must share a slot on a cluster)."""
+        return self._fuser
 
     @property
     def url(self) -> str:

@@ -4,7 +4,9 @@ Shared by batch scopes (before the model call) and the settler (after). Commands
 grouped by backend *object*, so two backend names that alias one server share one
 pipeline. Replies are delivered as soon as their pipeline returns; scripts the server
 did not know (NOSCRIPT) are retried with ``EVAL`` afterwards, so only their owners wait
-for the retry.
+for the retry. A backend with a ``script_fuser`` (a :class:`~._fusion.Fuser`) gets the
+script calls of its pipeline fused into one ``EVALSHA`` per group (``_fusion.py``); the
+replies are split back, so every owner receives what its own call would have received.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import attrs
 import trio
 
 from ._errors import BackendUnavailable, CommandError
+from ._fusion import Fuser, Unit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -71,20 +74,39 @@ async def _send_pipeline(
     deliver: Callable[[int, object], None],
     sent: Callable[[PipelineSent], None] | None,
 ) -> None:
-    replies = await _execute(backend, [commands[i].wire() for i in indices], indices, sent, False)
-    retry: list[int] = []
-    for i, reply in zip(indices, replies, strict=True):
-        script = commands[i].script
+    fuser = getattr(backend, "script_fuser", None)
+    if not isinstance(fuser, Fuser):
+        fuser = None
+    units = [Unit((i,)) for i in indices] if fuser is None else fuser.plan(commands, indices)
+    wires = [u.wire(commands) for u in units]
+    replies = await _execute(backend, wires, indices, sent, False)
+    retry: list[Unit] = []
+    for unit, reply in zip(units, replies, strict=True):
+        if not unit.members:  # a fused script's SCRIPT LOAD: its reply is nobody's
+            assert fuser is not None
+            fuser.loaded(unit, reply)
         # A source-less script (replayed from a journal, not in the registry) cannot be
-        # EVALed: its NOSCRIPT goes to its owner.
-        if isinstance(reply, CommandError) and reply.is_noscript and script and script.source:
-            retry.append(i)
+        # EVALed: its NOSCRIPT goes to its owner. Source-less scripts are never fused.
+        elif isinstance(reply, CommandError) and reply.is_noscript and unit.evalable(commands):
+            retry += [unit] if fuser is None else fuser.for_retry(unit)
         else:
-            deliver(i, reply)
+            _deliver(unit, commands, reply, deliver)
     if retry:
-        wires = [commands[i].wire(use_eval=True) for i in retry]
-        for i, reply in zip(retry, await _execute(backend, wires, retry, sent, True), strict=True):
-            deliver(i, reply)
+        wires = [u.wire(commands, use_eval=True) for u in retry]
+        again = [i for u in retry for i in u.members]
+        replies = await _execute(backend, wires, again, sent, True)
+        for unit, reply in zip(retry, replies, strict=True):
+            _deliver(unit, commands, reply, deliver)
+
+
+def _deliver(
+    unit: Unit, commands: Sequence[Command], reply: object, deliver: Callable[[int, object], None]
+) -> None:
+    if unit.fused is None:
+        deliver(unit.members[0], reply)
+        return
+    for i, own in zip(unit.members, unit.split(commands, reply), strict=True):
+        deliver(i, own)
 
 
 async def _execute(

@@ -35,6 +35,7 @@ import trio
 
 from ._backend import RedisAddress, redact_url
 from ._errors import BackendUnavailable, CommandError
+from ._fusion import Fuser
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -125,6 +126,8 @@ class RespBackend:
         pool_size: most connections open at once; more concurrent pipelines wait.
         command_timeout_s: bound on one ``execute`` (pool wait + connect + round trip).
         max_idle_s: a pooled connection idle for longer is closed instead of reused.
+        fuse_scripts: send the script calls of one pipeline as one fused ``EVALSHA``
+            (``_fusion.py``); False sends one ``EVALSHA`` per call.
     """
 
     def __init__(
@@ -135,8 +138,10 @@ class RespBackend:
         pool_size: int = 32,
         command_timeout_s: float = 0.5,
         max_idle_s: float = 30.0,
+        fuse_scripts: bool = True,
     ) -> None:
         self._address = RedisAddress.from_url(url)
+        self._fuser = Fuser() if fuse_scripts else None
         self._max_idle_s = max_idle_s
         self._stale = 0
         self._retries = 0
@@ -154,6 +159,11 @@ class RespBackend:
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def script_fuser(self) -> Fuser | None:
+        """How the flush fuses this backend's script calls: all of a pipeline's at once."""
+        return self._fuser
 
     @property
     def url(self) -> str:

@@ -1,7 +1,8 @@
 """Fakes for testing code that uses :mod:`triogate.batch` (as ``trio.testing`` is for Trio).
 
 * :class:`RecordingBackend` records every pipeline and answers from a table or a function:
-  round-trip assertions need no Redis.
+  round-trip assertions need no Redis. It has no ``script_fuser``: it sees one
+  ``EVALSHA`` per script call, as declared.
 * :class:`FaultyBackend` wraps any backend and delays, fails or drops pipelines on demand:
   the seam for chaos tests.
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, final
 import trio
 
 from ._errors import BackendUnavailable, CommandError
+from ._fusion import Fuser
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -109,6 +111,12 @@ class FaultyBackend:
     @property
     def name(self) -> str:
         return self._inner.name
+
+    @property
+    def script_fuser(self) -> Fuser | None:
+        """The wrapped backend's (a wrapper is transparent to fusion)."""
+        fuser = getattr(self._inner, "script_fuser", None)
+        return fuser if isinstance(fuser, Fuser) else None
 
     async def execute(self, commands: Sequence[Wire]) -> list[object]:
         if self.delay_s:
