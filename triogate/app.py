@@ -45,6 +45,7 @@ from triogate.batch import (
 from triogate.cache.response import ResponseCache
 from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
+from triogate.governance.leases import LeaseKeeper
 from triogate.governance.local import LocalGovernance
 from triogate.metrics import Metrics
 from triogate.otel import SpanExporter
@@ -228,6 +229,9 @@ async def open_gateway(
 
         metrics = Metrics(gauges)
         metrics_box.append(metrics)
+        checks = CheckSettings.from_config(settings.policies, settings.governance)
+        lease_keeper = LeaseKeeper(backends, checks, clock_ms)
+        await nursery.start(lease_keeper.run)
         services = Services(
             config=config,
             backends=backends,
@@ -238,8 +242,9 @@ async def open_gateway(
             metrics=metrics,
             clock_ms=clock_ms,
             health=health,
-            checks=CheckSettings.from_config(settings.policies, settings.governance),
+            checks=checks,
             local=LocalGovernance(),
+            leases=lease_keeper,
             identities=identities,
             store=store,
             spend_logs=spend_logs,
