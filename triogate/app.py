@@ -28,7 +28,7 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from triogate.api import connections, protocol_errors
+from triogate.api import connections, h11_writes, protocol_errors
 from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
 from triogate.batch import (
@@ -279,6 +279,7 @@ def hypercorn_config(config: GatewayConfig, *, host: str, port: int) -> Hypercor
     """Hypercorn's settings for the gateway (graceful timeout = shutdown grace)."""
     protocol_errors.install()  # 400/431 from the HTTP layer: JSON body, x-request-id
     connections.install()  # closed when the client closes; a stalled request times out
+    h11_writes.install()  # a response's head leaves with its body: one write, not three
     hconfig = connections.GatewayHttpConfig()
     hconfig.body_read_timeout_s = config.settings.http.body_read_timeout_s
     hconfig.bind = [f"{host}:{port}"]

@@ -1,6 +1,7 @@
-"""The keep-alive timer that replaces hypercorn's (``connections.IdleTimer``), on a real
-hypercorn server: an idle connection closes after ``keep_alive_timeout``, a busy one does
-not (its timer restarts with each response), and shutdown closes idle ones at once."""
+"""hypercorn as the gateway patches it, on a real server: the keep-alive timer that
+replaces hypercorn's (``connections.IdleTimer``: an idle connection closes after
+``keep_alive_timeout``, a busy one does not, shutdown closes idle ones at once) and the
+write path of ``h11_writes`` (a response in one write; a head without a body still sent)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from hypercorn.events import RawData
 from hypercorn.trio.run import worker_serve
+from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import wrap_app
 
-from triogate.api import connections
+from triogate.api import connections, h11_writes
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -33,6 +36,10 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 return
     if scope["path"] == "/slow":
         await trio.sleep(2 * KEEP_ALIVE_S)
+    if scope["path"] == "/headless":  # a head, then the app ends without a body
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
@@ -41,6 +48,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> AsyncIterator[tuple[str, trio.Event]]:
     connections.install()
+    h11_writes.install()
     config = connections.GatewayHttpConfig()
     config.bind = ["127.0.0.1:0"]
     config.keep_alive_timeout = KEEP_ALIVE_S
@@ -107,3 +115,37 @@ async def test_shutdown_closes_an_idle_connection_at_once_and_a_busy_one_after_i
         while chunk := await busy.receive_some(65536):
             answer += chunk
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+
+
+async def test_a_response_leaves_in_one_write_and_a_headless_one_still_gets_its_head(
+    server: tuple[str, trio.Event], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writes: list[bytes] = []
+    real = TCPServer.protocol_send
+
+    async def counted(self: Any, event: Any) -> None:
+        if isinstance(event, RawData):
+            writes.append(event.data)
+        await real(self, event)
+
+    monkeypatch.setattr(TCPServer, "protocol_send", counted)
+    host, port = server[0].split(":")
+    with trio.fail_after(20):
+        stream = await trio.open_tcp_stream(host, int(port))
+        for _ in range(3):
+            answer = await _ask(stream)
+            assert answer.startswith(b"HTTP/1.1 200") and b"\r\ndate: " in answer
+            assert writes[-1] == answer  # head and body: one write
+        assert len(writes) == 3
+        other = await trio.open_tcp_stream(host, int(port))
+        await other.send_all(b"GET /headless HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while chunk := await other.receive_some(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\n")
+
+
+def test_the_date_header_is_formatted_once_a_second() -> None:
+    date = h11_writes.CachedDate()
+    first = date()
+    assert first.endswith(b" GMT") and date() is first

@@ -40,11 +40,26 @@ from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
+from triogate.api.h11_writes import CachedDate
+
+_DATE = CachedDate()
+
 
 class GatewayHttpConfig(HypercornConfig):
-    """hypercorn's settings plus the gap a partly received request may leave between reads."""
+    """hypercorn's settings plus the gap a partly received request may leave between reads;
+    its per-response headers with the ``date`` formatted once a second."""
 
     body_read_timeout_s: float | None = 30.0
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        if self.alt_svc_headers or self._quic_addresses:
+            return super().response_headers(protocol)
+        headers = []
+        if self.include_date_header:
+            headers.append((b"date", _DATE()))
+        if self.include_server_header:
+            headers.append((b"server", b"hypercorn-" + protocol.encode("ascii")))
+        return headers
 
 
 def mid_request(protocol: Any) -> bool:
