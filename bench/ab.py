@@ -67,8 +67,17 @@ def main() -> None:
     up, upurl = procs.start_upstream(logs, latency_ms=a.latency_ms, api_key=L.UPSTREAM_KEY)
     gws = []
     try:
+        # ``python -m`` puts the working directory first on sys.path: run from inside a
+        # source tree, every gateway would import THAT tree, whatever PYTHONPATH says.
+        os.environ["PYTHONSAFEPATH"] = "1"
         for i, tree in enumerate(a.trees):
             os.environ["PYTHONPATH"] = tree
+            imported = subprocess.run(
+                [sys.executable, "-c", "import triogate; print(triogate.__file__)"],
+                capture_output=True, text=True, check=True).stdout.strip()
+            if not Path(imported).resolve().is_relative_to(Path(tree).resolve()):
+                raise SystemExit(f"tree {i} would import {imported}, not {tree}")
+            print(f"tree={i} {tree}", flush=True)
             cfg = L.gateway_yaml(work / f"state{i}", upurl)
             if "base" in tree:
                 cfg["triogate"].pop("max_in_flight", None)

@@ -28,7 +28,7 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from triogate.api import connections, protocol_errors
+from triogate.api import connections, h11_writes, protocol_errors
 from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
 from triogate.batch import (
@@ -45,6 +45,7 @@ from triogate.batch import (
 from triogate.cache.response import ResponseCache
 from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
+from triogate.governance.leases import LeaseKeeper
 from triogate.governance.local import LocalGovernance
 from triogate.metrics import Metrics
 from triogate.otel import SpanExporter
@@ -228,6 +229,9 @@ async def open_gateway(
 
         metrics = Metrics(gauges)
         metrics_box.append(metrics)
+        checks = CheckSettings.from_config(settings.policies, settings.governance)
+        lease_keeper = LeaseKeeper(backends, checks, clock_ms)
+        await nursery.start(lease_keeper.run)
         services = Services(
             config=config,
             backends=backends,
@@ -238,8 +242,9 @@ async def open_gateway(
             metrics=metrics,
             clock_ms=clock_ms,
             health=health,
-            checks=CheckSettings.from_config(settings.policies, settings.governance),
+            checks=checks,
             local=LocalGovernance(),
+            leases=lease_keeper,
             identities=identities,
             store=store,
             spend_logs=spend_logs,
@@ -274,6 +279,7 @@ def hypercorn_config(config: GatewayConfig, *, host: str, port: int) -> Hypercor
     """Hypercorn's settings for the gateway (graceful timeout = shutdown grace)."""
     protocol_errors.install()  # 400/431 from the HTTP layer: JSON body, x-request-id
     connections.install()  # closed when the client closes; a stalled request times out
+    h11_writes.install()  # a response's head leaves with its body: one write, not three
     hconfig = connections.GatewayHttpConfig()
     hconfig.body_read_timeout_s = config.settings.http.body_read_timeout_s
     hconfig.bind = [f"{host}:{port}"]

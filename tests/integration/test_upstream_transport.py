@@ -190,3 +190,42 @@ async def test_post_reads_the_whole_answer_and_asks_for_no_coding(server) -> Non
     assert b"accept-encoding: identity" in heads[0].lower()
     assert b"content-length: 2" in heads[0].lower()
     await transport.aclose()
+
+
+async def test_post_content_length_bodies_split_and_reused(server) -> None:  # type: ignore[no-untyped-def]
+    heads: list[bytes] = []
+    body = b'{"id":"x","n":' + b"1" * 5000 + b"}"
+
+    def reply(head: bytes) -> list[bytes]:
+        heads.append(head)
+        whole = _fixed(body)
+        return [whole[0][:7], whole[0][7:], body[:100], body[100:]]
+
+    url = await server(reply)
+    _, transport = _client()
+    for _ in range(3):
+        status, got = await transport.post(url + "/v1/chat?x=1", headers={"x-api-key": "k"},
+                                           content=b'{"a":1}', timeout_s=5)
+        assert (status, got) == (200, body)
+    assert transport.connections_opened == 1
+    assert all(h.startswith(b"POST /v1/chat?x=1 HTTP/1.1\r\n") for h in heads)
+    assert b"\r\nhost: 127.0.0.1:" in heads[0].lower()
+    assert b"\r\nx-api-key: k" in heads[0]
+    assert transport._slots.value == transport.max_connections
+    await transport.aclose()
+
+
+async def test_post_refuses_header_injection_and_bounds_the_call(server) -> None:  # type: ignore[no-untyped-def]
+    url = await server(lambda head: [b"HTTP/1.1 200 OK\r\n", b"<pause>", b"<pause>"])
+    _, transport = _client()
+    with pytest.raises(httpx.LocalProtocolError):
+        await transport.post(url, headers={"x-api-key": "k\r\nx-evil: 1"}, content=b"{}",
+                             timeout_s=5)
+    started = trio.current_time()
+    with pytest.raises(httpx.TimeoutException):
+        await transport.post(url, headers={}, content=b"{}", timeout_s=0.3)
+    assert trio.current_time() - started < 0.9
+    # The timed-out connection was closed, not pooled; its slot is free again.
+    assert transport.idle_connections() == 0
+    assert transport._slots.value == transport.max_connections
+    await transport.aclose()

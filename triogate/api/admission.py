@@ -11,6 +11,8 @@ others' reservations are given back by settlement.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import attrs
@@ -27,7 +29,7 @@ from triogate.governance.facts import RequestFacts
 from triogate.routing.router import RoutingFacts
 
 if TYPE_CHECKING:
-    from contextlib import AbstractAsyncContextManager
+    from contextlib import AbstractContextManager
 
     from triogate.api.records import Call
     from triogate.api.services import Services
@@ -46,16 +48,15 @@ T = TypeVar("T")
 MAX_SCRIPT_INT = 2**53 - 1
 
 
-def keep_leases(services: Services, admitted: Admission) -> AbstractAsyncContextManager[None]:
+def keep_leases(services: Services, admitted: Admission) -> AbstractContextManager[None]:
     """Renew the request's leases (reservations, parallel slots) while the block runs, so
     a call or a stream longer than ``lease_s`` keeps them (``governance/leases.py``)."""
-    held = leases.held(
-        admitted.budgets.reservation if admitted.budgets is not None else None,
-        admitted.rates.admission if admitted.rates is not None else None,
-        services.checks.lease_ms,
-    )
-    return leases.kept(services.backends, admitted.request.request_id, held,
-                       services.checks, services.clock_ms)
+    budget, rates = admitted.budgets, admitted.rates
+    if budget is None and rates is None:
+        return nullcontext()
+    return services.leases.kept(admitted.request.request_id, partial(
+        leases.held, budget.reservation if budget is not None else None,
+        rates.admission if rates is not None else None, services.checks.lease_ms))
 
 
 def estimate_nanousd(services: Services, call: Call) -> int:

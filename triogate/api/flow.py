@@ -147,7 +147,7 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
         return await provider.complete(call.api, controls.body_for(call, deployment),
                                        deployment)
 
-    async with admission.keep_leases(services, admitted):
+    with admission.keep_leases(services, admitted):
         result = await _route(services, call, admitted, attempt)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
@@ -182,7 +182,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             raise
         return _Open(stack, stream, events, first)
 
-    async with admission.keep_leases(services, admitted):
+    with admission.keep_leases(services, admitted):
         result = await _route(services, call, admitted, attempt)
     opened = result.value
     first_token_s = trio.current_time() - call.request.started_at
@@ -193,7 +193,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         error: ProviderError | None = None
         finished = False
         try:
-            async with admission.keep_leases(services, admitted):  # a stream past lease_s
+            with admission.keep_leases(services, admitted):  # a stream past lease_s
                 event = opened.first
                 while event is not None:
                     # Events the upstream's last read brought together leave in one write

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from triogate.config import GatewayConfig
     from triogate.governance.facts import CheckSettings
     from triogate.governance.identity import IdentityResolver
+    from triogate.governance.leases import LeaseKeeper
     from triogate.governance.local import LocalGovernance
     from triogate.metrics import Metrics
     from triogate.otel import SpanExporter
@@ -56,6 +57,8 @@ class Services:
     health: Health
     checks: CheckSettings
     local: LocalGovernance
+    #: Renews the leases of the requests in flight (one task, in the app nursery).
+    leases: LeaseKeeper
     identities: IdentityResolver | None = None
     store: Store | None = None
     spend_logs: SpendLogWriter | None = None

@@ -37,6 +37,7 @@ a request (a key's bundle, its end user, its tags) even on Redis Cluster::
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from typing import final
 
 import attrs
@@ -44,8 +45,12 @@ import attrs
 PREFIX = "tg"
 #: Ids longer than this (or containing braces) are hashed inside the tag.
 _MAX_PLAIN_ID = 128
+#: Principals whose key names are kept (pure functions of their arguments: a request of
+#: a known principal builds no string).
+_CACHED = 8192
 
 
+@lru_cache(maxsize=_CACHED)
 def principal_tag(kind: str, principal_id: str) -> str:
     """The hash tag of a principal: ``{kind:id}``.
 
@@ -80,6 +85,7 @@ class BudgetKeys:
         return (self.counters, self.holds, self.leases)
 
 
+@lru_cache(maxsize=_CACHED)
 def budget_keys(kind: str, principal_id: str, period: int) -> BudgetKeys:
     """Keys of budget period ``period`` (see ``Limits.budget_period``) of a principal."""
     base = f"{PREFIX}:{principal_tag(kind, principal_id)}:bud:{period}"
@@ -102,6 +108,7 @@ TPM = "tpm"
 PARALLEL = "parallel"
 
 
+@lru_cache(maxsize=_CACHED)
 def rate_window_key(
     kind: str, principal_id: str, window: str, model_group: str | None = None
 ) -> str:

@@ -5,8 +5,10 @@ Admission leaves leases behind in Redis: a budget reservation per budgeted princ
 ``max_parallel_requests`` (``rate_admit.lua``). A lease lets the next script purge what
 a dead process held; it runs ``lease_ms`` (``triogate.governance.lease_s``). A call or a
 stream that outlives it would lose its reservation and its slot to the next request, so
-:func:`kept` renews them, every third of a lease, for as long as its block runs: one
-``lease_renew.lua`` per principal, all in one pipeline (one batch scope).
+:class:`LeaseKeeper` renews them, every third of a lease, for as long as the request's
+block runs: one ``lease_renew.lua`` per principal, all in one pipeline (one batch scope)
+for all the requests in flight. One task for the process, not one per request: a
+request's own cost is a dict entry.
 
 A renewal that fails (Redis down, a script error) is logged and tried again at the next
 tick: the lease still runs until its expiry, and settlement releases it anyway.
@@ -15,9 +17,9 @@ tick: the lease still runs until its expiry, and settlement releases it anyway.
 from __future__ import annotations
 
 import logging
-from contextlib import asynccontextmanager
+from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, final
 
 import trio
 
@@ -25,7 +27,7 @@ from triogate.batch import BatchError, Script, open_batch_scope
 from triogate.governance.keys import PARALLEL, budget_keys
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     from triogate.batch import Backend, Batch
     from triogate.governance.budgets import BudgetReservation
@@ -80,58 +82,77 @@ async def _renew_one(
     return int(reply) if isinstance(reply, int) else 0
 
 
-async def renew(
-    backends: Mapping[str, Backend], request_id: str, leases: Held, now_ms: int,
-    settings: CheckSettings,
-) -> int:
-    """Renew every lease in ``leases`` (one round trip); how many were still held."""
-    async with open_batch_scope(backends) as scope:
-        parts = [
-            scope.start_participant(
-                partial(_renew_one, scope.batch, request_id, keys, now_ms, settings),
-                name=f"lease:{kind}",
-            )
-            for (kind, _), keys in leases.items()
-        ]
-    return sum(p.result() for p in parts)
+@final
+class LeaseKeeper:
+    """Renews the leases of every request in flight, from one task for the process.
 
+    A request registers a thunk for its leases (:meth:`kept`: a dict entry, no task, no
+    cancel scope); :meth:`run`, in the app nursery, wakes every ``interval_s`` (a third
+    of the lease) and renews, in one batch scope (one round trip), the leases of every
+    request registered at least half an interval ago: a request is renewed at most
+    1.5 intervals after it started, then every interval, well within the lease. The
+    thunk runs only then, so a request shorter than that computes nothing.
+    """
 
-@asynccontextmanager
-async def kept(
-    backends: Mapping[str, Backend],
-    request_id: str,
-    leases: Held,
-    settings: CheckSettings,
-    clock_ms: Callable[[], int],
-    *,
-    interval_s: float | None = None,
-) -> AsyncIterator[None]:
-    """Renew ``leases`` every ``interval_s`` (a third of the lease) while the block runs."""
-    if not leases:
-        yield
-        return
-    every_s = interval_s if interval_s is not None else settings.lease_ms / 3000
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        settings: CheckSettings,
+        clock_ms: Callable[[], int],
+        *,
+        interval_s: float | None = None,
+    ) -> None:
+        self._backends = backends
+        self._settings = settings
+        self._clock_ms = clock_ms
+        self.interval_s = interval_s if interval_s is not None else settings.lease_ms / 3000
+        self._running: dict[object, tuple[str, Callable[[], Held], float]] = {}
+        #: Renewal rounds run so far (tests read it).
+        self.rounds = 0
 
-    async def loop() -> None:
-        while True:
-            await trio.sleep(every_s)
-            try:
-                # Bounded: a renewal stuck on a dead Redis must not outlive its tick.
-                with trio.move_on_after(every_s):
-                    await renew(backends, request_id, leases, clock_ms(), settings)
-            except (BatchError, ValueError, TypeError) as exc:
-                logger.warning("lease renewal failed; retried next tick: %s", exc,
-                               extra={"trace_id": request_id})
+    def in_flight(self) -> int:
+        """Requests registered now."""
+        return len(self._running)
 
-    # The block's own exception leaves as it came (not wrapped in an ExceptionGroup).
-    error: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(loop)
+    @contextmanager
+    def kept(self, request_id: str, leases: Callable[[], Held]) -> Iterator[None]:
+        """Keep ``leases()`` renewed while the block runs."""
+        token = object()
+        self._running[token] = (request_id, leases, trio.current_time())
         try:
             yield
-        except BaseException as exc:  # re-raised below, unwrapped
-            error = exc
         finally:
-            nursery.cancel_scope.cancel()
-    if error is not None:
-        raise error
+            del self._running[token]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval_s)
+            try:
+                # Bounded: a renewal stuck on a dead Redis must not outlive its tick.
+                with trio.move_on_after(self.interval_s):
+                    await self.renew_due()
+            except (BatchError, ValueError, TypeError) as exc:
+                logger.warning("lease renewal failed; retried next tick: %s", exc)
+
+    async def renew_due(self) -> int:
+        """Renew the leases of the requests due (one round trip); how many were held."""
+        oldest = trio.current_time() - self.interval_s / 2
+        due = [(request_id, leases()) for request_id, leases, since
+               in list(self._running.values()) if since <= oldest]
+        due = [(request_id, held) for request_id, held in due if held]
+        if not due:
+            return 0
+        self.rounds += 1
+        now_ms = self._clock_ms()
+        async with open_batch_scope(self._backends) as scope:
+            parts = [
+                scope.start_participant(
+                    partial(_renew_one, scope.batch, request_id, keys, now_ms, self._settings),
+                    name=f"lease:{kind}",
+                )
+                for request_id, held in due
+                for (kind, _), keys in held.items()
+            ]
+        return sum(p.result() for p in parts)

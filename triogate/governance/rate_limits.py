@@ -128,7 +128,27 @@ class RateOutcome:
 
 
 def windows_for(principal: Principal, model_group: str) -> tuple[Window, ...]:
-    """The windows of ``principal`` that apply to a request for ``model_group``."""
+    """The windows of ``principal`` that apply to a request for ``model_group``.
+
+    Kept per (principal, limits, group): every request of a principal has the same ones.
+    """
+    limits = principal.limits
+    key = (principal.kind, principal.id, limits.rpm, limits.tpm, limits.max_parallel,
+           model_group, principal.model_rpm.get(model_group),
+           principal.model_tpm.get(model_group))
+    found = _WINDOWS.get(key)
+    if found is None:
+        if len(_WINDOWS) >= _MAX_WINDOWS:
+            _WINDOWS.clear()
+        found = _WINDOWS[key] = _windows_for(principal, model_group)
+    return found
+
+
+_WINDOWS: dict[tuple[object, ...], tuple[Window, ...]] = {}
+_MAX_WINDOWS = 8192
+
+
+def _windows_for(principal: Principal, model_group: str) -> tuple[Window, ...]:
     kind, pid, limits = principal.kind, principal.id, principal.limits
     out = []
     if limits.rpm is not None:

@@ -113,13 +113,14 @@ async def post_json(
         ProviderTimeout, ProviderConnectError, ProviderStatusError, ProviderProtocolError.
     """
     fast = transport_of(client)
-    with map_exceptions(), trio.fail_after(timeout_s):
-        if fast is not None:  # the gateway's own client: skip httpx's client layers
+    if fast is not None:  # the gateway's own client: skip httpx's layers (bounds itself)
+        with map_exceptions():
             status, content = await fast.post(
                 url, headers={"content-type": "application/json", **headers},
                 content=orjson.dumps(body), timeout_s=timeout_s,
             )
-        else:
+    else:
+        with map_exceptions(), trio.fail_after(timeout_s):
             response = await client.post(
                 url,
                 content=orjson.dumps(body),

@@ -68,10 +68,13 @@ class _Connection:
         self.buffer = bytearray()
         self.idle_since = 0.0
 
-    async def receive(self, timeout_s: float | None, request: httpx.Request) -> bytes:
-        """Some bytes (b"" at the end of the stream), within ``timeout_s``."""
+    async def receive(self, timeout_s: float | None, request: httpx.Request | None) -> bytes:
+        """Some bytes (b"" at the end of the stream), within ``timeout_s`` (None: the
+        caller's deadline bounds it)."""
         try:
-            with trio.fail_after(timeout_s if timeout_s is not None else float("inf")):
+            if timeout_s is None:
+                return bytes(await self.stream.receive_some(_READ_SIZE))
+            with trio.fail_after(timeout_s):
                 return bytes(await self.stream.receive_some(_READ_SIZE))
         except trio.TooSlowError as exc:
             raise httpx.ReadTimeout("upstream read timed out", request=request) from exc
@@ -83,7 +86,7 @@ class _Connection:
 
 
 def _parse_head(
-    head: bytes, request: httpx.Request
+    head: bytes, request: httpx.Request | None
 ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool]:
     """Status, reason, headers and whether the connection may be kept alive."""
     lines = head.split(b"\r\n")
@@ -121,7 +124,7 @@ class _Body(httpx.AsyncByteStream):
         self,
         transport: UpstreamTransport,
         conn: _Connection,
-        request: httpx.Request,
+        request: httpx.Request | None,
         *,
         length: int | None,
         chunked: bool,
@@ -252,6 +255,106 @@ def _buffered_chunk(buf: bytearray) -> bytes | None:
     return piece
 
 
+async def _send(
+    conn: _Connection, data: bytes, timeout_s: float | None, request: httpx.Request | None
+) -> None:
+    """Write ``data`` within ``timeout_s`` (None: the caller's deadline bounds it)."""
+    try:
+        if timeout_s is None:
+            await conn.stream.send_all(data)
+        else:
+            with trio.fail_after(timeout_s):
+                await conn.stream.send_all(data)
+    except trio.TooSlowError as exc:
+        raise httpx.WriteTimeout("upstream write timed out", request=request) from exc
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        raise httpx.WriteError(f"upstream write failed: {exc!r}", request=request) from exc
+
+
+async def _read_head(
+    conn: _Connection, read_timeout: float | None, request: httpx.Request | None, *,
+    head_request: bool,
+) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool, int | None, bool]:
+    """Read a response head (skipping 1xx): status, reason, headers, keep-alive, and the
+    body's framing (``Content-Length`` or None, chunked)."""
+    buf = conn.buffer
+    while True:
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            if len(buf) > _MAX_HEAD_BYTES:
+                raise httpx.RemoteProtocolError("response head too long", request=request)
+            data = await conn.receive(read_timeout, request)
+            if not data:
+                raise httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response.", request=request
+                )
+            buf += data
+        head = bytes(buf[:end])
+        del buf[: end + 4]
+        status, reason, headers, keep_alive = _parse_head(head, request)
+        if not 100 <= status < 200 or status == 101:
+            break
+    length: int | None = None
+    chunked = False
+    for name, value in headers:
+        lname = name.lower()
+        if lname == b"transfer-encoding":
+            chunked = value.lower().split(b",")[-1].strip() == b"chunked"
+        elif lname == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                raise httpx.RemoteProtocolError(
+                    f"bad content-length {value[:40]!r}", request=request
+                ) from None
+    if chunked:
+        length = None
+    if head_request or status in _NO_BODY_STATUS:
+        length, chunked = 0, False
+    return status, reason, headers, keep_alive, length, chunked
+
+
+async def _read_exactly(conn: _Connection, length: int) -> bytes:
+    """The next ``length`` bytes of the connection (a ``Content-Length`` body)."""
+    buf = conn.buffer
+    while len(buf) < length:
+        data = await conn.receive(None, None)
+        if not data:
+            raise httpx.RemoteProtocolError("upstream closed the connection mid-body")
+        buf += data
+    body = bytes(buf[:length])
+    del buf[:length]
+    return body
+
+
+def _post_prefix(url: str, headers: Mapping[str, str]) -> tuple[Origin, bytes]:
+    """A POST's origin and its head up to the ``Content-Length`` line.
+
+    Header values are encoded as httpx does (ASCII, else UTF-8); a name or value with a
+    CR, LF or NUL is refused, as h11 would.
+    """
+    parsed = httpx.URL(url)
+    scheme = parsed.raw_scheme
+    if scheme not in _DEFAULT_PORTS:
+        raise httpx.UnsupportedProtocol(f"unsupported scheme {scheme!r}")
+    origin = (scheme, parsed.raw_host, parsed.port or _DEFAULT_PORTS[scheme])
+    parts = [b"POST ", parsed.raw_path, b" HTTP/1.1\r\nhost: ", parsed.netloc, b"\r\n"]
+    for name, value in {**headers, "accept-encoding": "identity"}.items():
+        raw_name = name.encode("ascii")
+        try:
+            raw_value = value.encode("ascii")
+        except UnicodeEncodeError:
+            raw_value = value.encode("utf-8")
+        if (not raw_name or any(c in raw_name for c in b"\r\n\0: ")
+                or any(c in raw_value for c in b"\r\n\0")):
+            raise httpx.LocalProtocolError(f"illegal header {name[:40]!r}")
+        parts += [raw_name, b": ", raw_value, b"\r\n"]
+    return origin, b"".join(parts)
+
+
+#: Distinct (url, headers) prefixes kept at most (deployments x key sets: few).
+_MAX_PREFIXES = 1024
+
+
 @final
 class UpstreamTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 over trio sockets (TLS for https), pooled per origin, for httpx.
@@ -279,6 +382,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self._expiry_s = keepalive_expiry_s
         self._ssl_context = ssl_context
         self._idle: dict[Origin, list[_Connection]] = {}
+        self._prefixes: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Origin, bytes]] = {}
         #: Connections opened so far (tests and benchmarks read it).
         self.connections_opened = 0
 
@@ -306,9 +410,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 conn = await self._connect(origin, request, timeouts.get("connect"))
             return await self._exchange(conn, request, timeouts)
         except BaseException:
+            # Released first: under a cancelled scope the close below re-raises Cancelled.
+            self._slots.release()
             if conn is not None:
                 await conn.close()
-            self._slots.release()
             raise
 
     def _pop_idle(self, origin: Origin) -> _Connection | None:
@@ -327,7 +432,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         conn.socket.close()
 
     async def _connect(
-        self, origin: Origin, request: httpx.Request, timeout_s: float | None
+        self, origin: Origin, request: httpx.Request | None, timeout_s: float | None
     ) -> _Connection:
         scheme, host, port = origin
         hostname = host.decode("ascii")
@@ -370,49 +475,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         else:
             content = b"".join([chunk async for chunk in request.stream])  # type: ignore[union-attr]
         parts.append(content)
-        write_timeout = timeouts.get("write")
-        try:
-            with trio.fail_after(write_timeout if write_timeout is not None else float("inf")):
-                await conn.stream.send_all(b"".join(parts))
-        except trio.TooSlowError as exc:
-            raise httpx.WriteTimeout("upstream write timed out", request=request) from exc
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise httpx.WriteError(f"upstream write failed: {exc!r}", request=request) from exc
-
+        await _send(conn, b"".join(parts), timeouts.get("write"), request)
         read_timeout = timeouts.get("read")
-        buf = conn.buffer
-        while True:
-            while (end := buf.find(b"\r\n\r\n")) < 0:
-                if len(buf) > _MAX_HEAD_BYTES:
-                    raise httpx.RemoteProtocolError("response head too long", request=request)
-                data = await conn.receive(read_timeout, request)
-                if not data:
-                    raise httpx.RemoteProtocolError(
-                        "Server disconnected without sending a response.", request=request
-                    )
-                buf += data
-            head = bytes(buf[:end])
-            del buf[: end + 4]
-            status, reason, headers, keep_alive = _parse_head(head, request)
-            if not 100 <= status < 200 or status == 101:
-                break
-        length: int | None = None
-        chunked = False
-        for name, value in headers:
-            lname = name.lower()
-            if lname == b"transfer-encoding":
-                chunked = value.lower().split(b",")[-1].strip() == b"chunked"
-            elif lname == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise httpx.RemoteProtocolError(
-                        f"bad content-length {value[:40]!r}", request=request
-                    ) from None
-        if chunked:
-            length = None
-        if request.method == "HEAD" or status in _NO_BODY_STATUS:
-            length, chunked = 0, False
+        status, reason, headers, keep_alive, length, chunked = await _read_head(
+            conn, read_timeout, request, head_request=request.method == "HEAD")
         if request.headers.get("connection", "").lower() == "close":
             keep_alive = False
         body = _Body(self, conn, request, length=length, chunked=chunked,
@@ -439,26 +505,58 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     ) -> tuple[int, bytes]:
         """POST ``content`` and read the whole answer: ``(status, body)``.
 
-        The hot path of a non-streamed upstream call, without httpx's client layers
-        (request merging, auth and redirect flows, cookies, decoders): the request asks
-        for no content coding, so the body is as sent. ``timeout_s`` bounds connect
-        (at most :data:`CONNECT_TIMEOUT_S`) and each read and write. Same errors as
-        through httpx.
+        The hot path of a non-streamed upstream call, without httpx's request and
+        response objects: the head up to ``Content-Length`` is built once per (url,
+        headers) and kept, the request asks for no content coding (so the body is as
+        sent). ``timeout_s`` bounds the whole call (one deadline; connecting at most
+        :data:`CONNECT_TIMEOUT_S` of it). Errors are httpx's (a timeout:
+        ``httpx.TimeoutException``, or ``ConnectTimeout``).
         """
-        request = httpx.Request(
-            "POST", url, headers={**headers, "accept-encoding": "identity"}, content=content,
-            extensions={"timeout": {"connect": min(timeout_s, CONNECT_TIMEOUT_S),
-                                    "read": timeout_s, "write": timeout_s,
-                                    "pool": timeout_s}},
-        )
-        response = await self.handle_async_request(request)
-        body = response.stream
-        assert isinstance(body, _Body)
+        key = (url, tuple(headers.items()))
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            if len(self._prefixes) >= _MAX_PREFIXES:
+                self._prefixes.clear()
+            prefix = self._prefixes[key] = _post_prefix(url, headers)
         try:
-            chunks = [chunk async for chunk in body]
-        finally:
-            await body.aclose()
-        return response.status_code, b"".join(chunks)
+            with trio.fail_after(timeout_s):
+                return await self._post(prefix, content, timeout_s)
+        except trio.TooSlowError as exc:
+            raise httpx.TimeoutException(f"upstream call took over {timeout_s} s") from exc
+
+    async def _post(
+        self, prefix: tuple[Origin, bytes], content: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        origin, head = prefix
+        await self._slots.acquire()
+        conn: _Connection | None = None
+        handed = False  # the slot and the connection belong to a _Body
+        try:
+            conn = self._pop_idle(origin)
+            if conn is None:
+                conn = await self._connect(origin, None, min(timeout_s, CONNECT_TIMEOUT_S))
+            await _send(conn, b"".join((head, b"content-length: %d\r\n\r\n" % len(content),
+                                        content)), None, None)
+            status, _, _, keep_alive, length, chunked = await _read_head(
+                conn, None, None, head_request=False)
+            if length is None:  # chunked, or up to the connection's end
+                body = _Body(self, conn, None, length=None, chunked=chunked,
+                             keep_alive=keep_alive, read_timeout=None)
+                handed = True
+                try:
+                    chunks = [chunk async for chunk in body]
+                finally:
+                    await body.aclose()
+                return status, b"".join(chunks)
+            content = await _read_exactly(conn, length)
+        except BaseException:
+            if not handed:
+                self._slots.release()  # first: a cancelled close re-raises Cancelled
+                if conn is not None:
+                    await conn.close()
+            raise
+        await self._release(conn, reuse=keep_alive)
+        return status, content
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}

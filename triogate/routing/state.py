@@ -246,17 +246,25 @@ class LocalMirror:
         ``group`` unless it is degraded (then they are this process's own, current ones).
         """
         states = []
+        changed = False
         for s in group.deployments:
             local = self._get(s.id, now_ms)
-            states.append(
-                attrs.evolve(
-                    s,
-                    rpm_used=max(s.rpm_used, local.rpm_used),
-                    tpm_used=max(s.tpm_used, local.tpm_used),
-                    fails=max(s.fails, local.fails),
-                    cooldown_until_ms=max(s.cooldown_until_ms, local.cooldown_until_ms),
-                    in_flight=local.in_flight if group.degraded else s.in_flight,
-                    latency_ms=s.latency_ms if s.latency_ms is not None else local.latency_ms,
-                )
-            )
-        return attrs.evolve(group, deployments=tuple(states))
+            in_flight = local.in_flight if group.degraded else s.in_flight
+            latency_ms = s.latency_ms if s.latency_ms is not None else local.latency_ms
+            if (local.rpm_used <= s.rpm_used and local.tpm_used <= s.tpm_used
+                    and local.fails <= s.fails and local.cooldown_until_ms <= s.cooldown_until_ms
+                    and in_flight == s.in_flight and latency_ms == s.latency_ms):
+                states.append(s)  # nothing newer here (most requests): no copy
+                continue
+            changed = True
+            states.append(DeploymentState(
+                deployment=s.deployment,
+                rpm_used=max(s.rpm_used, local.rpm_used),
+                tpm_used=max(s.tpm_used, local.tpm_used),
+                fails=max(s.fails, local.fails),
+                cooldown_until_ms=max(s.cooldown_until_ms, local.cooldown_until_ms),
+                in_flight=in_flight,
+                latency_ms=latency_ms,
+            ))
+        return GroupState(group=group.group, deployments=tuple(states),
+                          degraded=group.degraded) if changed else group
