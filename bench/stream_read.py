@@ -79,7 +79,8 @@ def child(a: argparse.Namespace) -> int:
     cpu = {c: trio.run(_run, a.port, a.streams, c, a.api) for c in (a.chunks, a.baseline_chunks)}
     per_chunk = (cpu[a.chunks] - cpu[a.baseline_chunks]) * 1e6 / (
         a.streams * (a.chunks - a.baseline_chunks))
-    print(orjson.dumps({"cpu_s": {str(k): v for k, v in cpu.items()}, "us_per_chunk": per_chunk}).decode())
+    cpu_s = {str(k): v for k, v in cpu.items()}
+    print(orjson.dumps({"cpu_s": cpu_s, "us_per_chunk": per_chunk}).decode())
     return 0
 
 

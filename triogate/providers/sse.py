@@ -11,7 +11,6 @@ import collections
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
 import orjson
 import trio
 
@@ -19,7 +18,7 @@ from triogate.errors import ProviderProtocolError
 from triogate.providers.http import map_exceptions
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    import httpx
 
 
 @attrs.frozen(kw_only=True)
@@ -53,11 +52,6 @@ class SSEDecoder:
         """Parse ``chunk``; return the events it completed (often none, sometimes many)."""
         if not chunk:
             return []  # and keep _skip_lf for the chunk that brings the LF
-        if (not self._buffer and not self._skip_lf and not self._data and not self._event
-                and chunk.endswith(b"\n\n") and b"\r" not in chunk):
-            simple = self._simple(chunk)
-            if simple is not None:
-                return simple
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
@@ -82,18 +76,6 @@ class SSEDecoder:
                 events.append(event)
             start = after
         del buffer[:start]
-        return events
-
-    def _simple(self, chunk: bytes) -> list[ServerSentEvent] | None:
-        """Whole ``data:`` events, one line each (what LLM upstreams send), parsed without
-        the line loop; None for anything else (then the line loop parses ``chunk``). Only
-        called with no partial line or event pending, so the result is the same."""
-        events: list[ServerSentEvent] = []
-        for block in chunk[:-2].split(b"\n\n"):
-            if not block.startswith(b"data:") or b"\n" in block:
-                return None
-            data = block[5:].removeprefix(b" ").decode("utf-8", errors="replace")
-            events.append(ServerSentEvent(data=data, id=self._id, retry_ms=self._retry_ms))
         return events
 
     def close(self) -> list[ServerSentEvent]:
@@ -148,7 +130,7 @@ class SSESource:
     """
 
     def __init__(self, response: httpx.Response) -> None:
-        self._chunks = _body_bytes(response)
+        self._chunks = response.aiter_bytes()
         self._decoder = SSEDecoder()
         self._pending: collections.deque[ServerSentEvent] = collections.deque()
         self._ended = False
@@ -206,17 +188,3 @@ class SSESource:
             return None
         self._pending.popleft()
         return value
-
-
-def _body_bytes(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body's bytes as the transport hands them over.
-
-    Without a content-encoding (what SSE upstreams send) the response's own stream is
-    read directly: ``aiter_bytes`` would add two generator layers, two chunkers and a
-    decoder per chunk. The response is still closed by its owner (``open_sse_response``).
-    """
-    stream = response.stream
-    if "content-encoding" not in response.headers and isinstance(stream, httpx.AsyncByteStream):
-        response.is_stream_consumed = True
-        return stream.__aiter__()
-    return response.aiter_bytes()

@@ -94,26 +94,6 @@ def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
     assert [e.event for e in decode(STREAM)] == ["message_start", "message", "x", "message"]
 
 
-_LINES = [b"data: a", b"data:b", b"data:  c", b"data", b"event: e", b"id: 7", b"retry: 9",
-          b": note", b"", b"data: \xc3\xa9", b"dat: x", b"data: {\"k\": 1}"]
-
-
-@given(st.lists(st.sampled_from(_LINES), max_size=16), st.booleans())
-def test_whole_chunks_parse_as_line_by_line(lines: list[bytes], close: bool) -> None:
-    """Whole-event chunks take a shortcut past the line loop; it must agree with it."""
-    raw = b"".join(line + b"\n" for line in lines) + (b"\n" if close else b"")
-    whole, bytewise = SSEDecoder(), SSEDecoder()
-    assert whole.feed(raw) == [e for i in range(len(raw)) for e in bytewise.feed(raw[i:i + 1])]
-    assert whole.feed(b"data: next\n\n") == bytewise.feed(b"data: next\n\n")
-
-
-def test_simple_events_keep_the_last_id() -> None:
-    decoder = SSEDecoder()
-    assert decoder.feed(b"id: 3\ndata: x\n\n") == [ServerSentEvent(data="x", id="3")]
-    assert decoder.feed(b"data: y\n\ndata: z\n\n") == [ServerSentEvent(data="y", id="3"),
-                                                     ServerSentEvent(data="z", id="3")]
-
-
 # --------------------------------------------------------------------------- bursts
 
 
