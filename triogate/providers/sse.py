@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
+import trio
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers.http import map_exceptions
@@ -135,15 +136,18 @@ class SSESource:
         self._ended = False
 
     async def next_event(self) -> dict[str, Any] | None:
-        """The next event's JSON (a checkpoint when it has to read).
+        """The next event's JSON (a checkpoint: the read, or a yield for a buffered event).
 
         Raises:
             ProviderTimeout: no chunk within the stream timeout.
             ProviderConnectError: the connection broke mid-stream.
             ProviderProtocolError: an event's data is not a JSON object.
         """
+        if self._pending:
+            await trio.lowlevel.checkpoint()  # no read below: yield here
         while not self._pending:
             if self._ended:
+                await trio.lowlevel.checkpoint()
                 return None
             with map_exceptions():
                 try:

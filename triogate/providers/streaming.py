@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 class EventSource(Protocol):
     """Upstream events as dicts; None once the upstream said it is done."""
 
-    async def next_event(self) -> dict[str, Any] | None: ...
+    async def next_event(self) -> dict[str, Any] | None:
+        """The next event (a checkpoint: it waits for the upstream, or yields)."""
+        ...
 
     def next_nowait(self) -> dict[str, Any] | None:
         """The next event if it is already read and decodes cleanly; else None (then
@@ -72,8 +74,9 @@ class Chain:
 class TranslatedStream:
     """The ProviderStream of every provider: source -> tracker -> translator.
 
-    Each step of the iteration is a checkpoint. The stream does not own the upstream
-    response; the provider's context manager does.
+    Each step of the iteration is a checkpoint: the source's read, or a yield here for an
+    event already translated. The stream does not own the upstream response; the
+    provider's context manager does.
     """
 
     def __init__(
@@ -96,8 +99,11 @@ class TranslatedStream:
 
     async def __anext__(self) -> dict[str, Any]:
         # Always a checkpoint, even when the next event is already buffered: a consumer
-        # looping over a burst of events stays cancellable and lets other tasks run.
-        await trio.lowlevel.checkpoint()
+        # looping over a burst of events stays cancellable and lets other tasks run. A
+        # read from the source is one already (EventSource.next_event), so an event that
+        # needs one does not pay for a second pass through trio's run loop.
+        if self._pending:
+            await trio.lowlevel.checkpoint()
         while not self._pending:
             if self._error is not None:
                 raise self._error

@@ -59,27 +59,37 @@ def register(client: httpx.AsyncClient, transport: UpstreamTransport) -> httpx.A
 class _Connection:
     """One upstream connection and the bytes read from it but not consumed yet."""
 
-    __slots__ = ("buffer", "idle_since", "origin", "socket", "stream")
+    __slots__ = ("buffer", "idle_since", "origin", "plain", "socket", "stream")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
         self.origin = origin
         self.stream = stream
         self.socket = socket
+        # Plain TCP is read off the socket itself: SocketStream.receive_some only adds a
+        # conflict detector and a contextmanager that turns OSError into stream errors,
+        # once per upstream read (per stream chunk); OSError is mapped below anyway.
+        self.plain = isinstance(stream, trio.SocketStream)
         self.buffer = bytearray()
         self.idle_since = 0.0
 
     async def receive(self, timeout_s: float | None, request: httpx.Request | None) -> bytes:
         """Some bytes (b"" at the end of the stream), within ``timeout_s`` (None: the
         caller's deadline bounds it)."""
+        # A bare CancelScope, not fail_after: this runs once per upstream read (per stream
+        # chunk), and fail_after's contextmanager layer cost more than the read's own work.
         try:
             if timeout_s is None:
+                if self.plain:
+                    return await self.socket.recv(_READ_SIZE)
                 return bytes(await self.stream.receive_some(_READ_SIZE))
-            with trio.fail_after(timeout_s):
+            with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
+                if self.plain:
+                    return await self.socket.recv(_READ_SIZE)
                 return bytes(await self.stream.receive_some(_READ_SIZE))
-        except trio.TooSlowError as exc:
-            raise httpx.ReadTimeout("upstream read timed out", request=request) from exc
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
+        assert scope.cancelled_caught
+        raise httpx.ReadTimeout("upstream read timed out", request=request)
 
     async def close(self) -> None:
         await trio.aclose_forcefully(self.stream)
