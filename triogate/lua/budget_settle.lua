@@ -20,6 +20,11 @@
 -- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53.
 
 local LIMIT = 9007199254740992
+-- A field whose value is longer than hash-max-listpack-value (64 bytes by default) makes
+-- Redis/Valkey store the hash as a hashtable: O(1) field lookups where a listpack (up to
+-- hash-max-listpack-entries fields, 128 on Redis 7, 512 on Valkey 8) is scanned per
+-- HSETNX/HMGET. Readers skip it (its name is not a request id or bucket).
+local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
 local function int(i, min)
   local v = tonumber(ARGV[i])
@@ -37,7 +42,13 @@ local request_id = ARGV[1]
 if redis.call('HSETNX', KEYS[4], request_id, '1') == 0 then
   return {0, 0, tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0}
 end
-if redis.call('HLEN', KEYS[4]) == 1 then redis.call('PEXPIRE', KEYS[4], marker_ttl_ms) end
+-- The PAD field is written once per markers HASH: HSETNX says whether the hash was new
+-- (then its TTL is armed; a hash an older version created gets it on its next settlement
+-- and its TTL re-armed, which moves the expiry by less than a slice), and its long value
+-- keeps the hash out of the listpack encoding, whose HSETNX is a linear scan (see PAD).
+if redis.call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
+  redis.call('PEXPIRE', KEYS[4], marker_ttl_ms)
+end
 
 local released = 0
 local amount = redis.call('HGET', KEYS[2], request_id)

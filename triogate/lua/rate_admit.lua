@@ -48,6 +48,11 @@ local BUCKETS = 60
 local WINDOW_TTL_MS = 120000
 local PARALLEL_RETRY_MS = 1000
 local LIMIT = 9007199254740992
+-- A field whose value is longer than hash-max-listpack-value (64 bytes by default) makes
+-- Redis/Valkey store the hash as a hashtable: O(1) field lookups where a listpack (a
+-- window holds up to 62 fields) is scanned per field of every HMGET/HSET. Written with
+-- each new bucket (when the TTL is armed); not a bucket, skipped by every reader.
+local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
 -- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
 -- whose clock is fast must not expire other gateways' live leases. A caller whose clock
@@ -131,7 +136,7 @@ for i = 1, n do
           total = total + c
           if b < low then low = b end
           if b == current then bucket_now[i] = c end
-        elseif name ~= 't' and name ~= 'o' then
+        elseif name ~= 't' and name ~= 'o' and name ~= PAD_FIELD then
           old[#old + 1] = name
         end
       end
@@ -202,10 +207,16 @@ for i = 1, n do
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
       local before = bucket_now[i]
-      redis.call('HSET', key, current_s, string.format('%d', (before or 0) + add),
-        't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
-      -- The TTL is armed by the write that creates a bucket (see the header).
-      if not before then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+      if before then
+        redis.call('HSET', key, current_s, string.format('%d', before + add),
+          't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+      else
+        -- The TTL is armed by the write that creates a bucket (see the header); PAD too.
+        redis.call('HSET', key, current_s, string.format('%d', add),
+          't', string.format('%d', used[i] + add), 'o', string.format('%d', low),
+          PAD_FIELD, PAD)
+        redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+      end
     elseif used[i] == 0 then
       redis.call('DEL', key)  -- nothing left in the window
     elseif #stale[i] > 0 or redis.call('EXISTS', key) == 1 then

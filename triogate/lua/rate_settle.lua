@@ -28,6 +28,11 @@ local BUCKET_MS = 1000
 local BUCKETS = 60
 local WINDOW_TTL_MS = 120000
 local LIMIT = 9007199254740992
+-- A field whose value is longer than hash-max-listpack-value (64 bytes by default) makes
+-- Redis/Valkey store the hash as a hashtable: O(1) field lookups where a listpack (up to
+-- hash-max-listpack-entries fields, 128 on Redis 7, 512 on Valkey 8) is scanned per
+-- HSETNX/HMGET. Readers skip it (its name is not a request id or bucket).
+local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
 local function int(i, min)
   local v = tonumber(ARGV[i])
@@ -55,7 +60,13 @@ local request_id = ARGV[1]
 if redis.call('HSETNX', KEYS[n + 1], request_id, '1') == 0 then
   return 0
 end
-if redis.call('HLEN', KEYS[n + 1]) == 1 then redis.call('PEXPIRE', KEYS[n + 1], marker_ttl_ms) end
+-- The PAD field is written once per markers HASH: HSETNX says whether the hash was new
+-- (then its TTL is armed; a hash an older version created gets it on its next settlement
+-- and its TTL re-armed, which moves the expiry by less than a slice), and its long value
+-- keeps the hash out of the listpack encoding, whose HSETNX is a linear scan (see PAD).
+if redis.call('HSETNX', KEYS[n + 1], PAD_FIELD, PAD) == 1 then
+  redis.call('PEXPIRE', KEYS[n + 1], marker_ttl_ms)
+end
 
 local in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
 -- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
