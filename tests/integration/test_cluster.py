@@ -15,6 +15,7 @@ import attrs
 import pytest
 import trio
 
+from tests.integration.lua.support import PAD, PAD_FIELD
 from triogate.batch import (
     BackendUnavailable,
     Batch,
@@ -471,7 +472,8 @@ async def check(cluster: ClusterBackend, identity: Identity, request: RequestFac
 async def hash_ints(cluster: ClusterBackend, key: str) -> dict[str, int]:
     (flat,) = await cluster.execute([("HGETALL", key)])
     assert isinstance(flat, list)
-    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)
+            if flat[i] != PAD_FIELD.encode() or flat[i + 1] != PAD}
 
 
 async def test_budgets_and_rate_limits_decide_in_one_round_on_the_cluster(

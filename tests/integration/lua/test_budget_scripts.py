@@ -312,6 +312,22 @@ async def test_budget_settle_refuses_bad_arguments(redis: RespBackend, args: lis
     assert "budget_settle" in reply.reply
 
 
+async def test_markers_hash_of_an_older_version_keeps_its_markers(redis: RespBackend) -> None:
+    """A markers HASH an older version wrote (no PAD field, TTL armed by its first marker)
+    still answers replays, gets the PAD field and a TTL that never lapses."""
+    keys = (*K.as_tuple(), MARKER)
+    with trio.fail_after(5):
+        await one(redis, "HSET", MARKER, "old", "1")
+        await one(redis, "PEXPIRE", MARKER, 30_000)
+        assert (await run(redis, SETTLE, keys, ["old", 5, 0, 60_000]))[0] == 0  # type: ignore[index]
+        assert await one(redis, "HLEN", MARKER) == 1  # a replay writes nothing
+        assert (await run(redis, SETTLE, keys, ["new", 5, 0, 60_000]))[0] == 1  # type: ignore[index]
+        fields = await one(redis, "HKEYS", MARKER)
+        ttl = await one(redis, "PTTL", MARKER)
+    assert isinstance(fields, list) and sorted(fields) == [b"new", b"old", b"~"]
+    assert isinstance(ttl, int) and 30_000 < ttl <= 60_000
+
+
 async def test_markers_of_many_requests_are_fields_of_one_hash(redis: RespBackend) -> None:
     keys = (*K.as_tuple(), MARKER)
     with trio.fail_after(5):
@@ -323,6 +339,9 @@ async def test_markers_of_many_requests_are_fields_of_one_hash(redis: RespBacken
         fields = await one(redis, "HKEYS", MARKER)
         ttl = await one(redis, "PTTL", MARKER)
         spend = await hash_ints(redis, K.counters)
-    assert isinstance(fields, list) and sorted(fields) == [b"a", b"b", b"c", b"d"]
+        encoding = await one(redis, "OBJECT", "ENCODING", MARKER)
+    # "~" is the PAD field: its long value keeps the hash a hashtable (O(1) HSETNX).
+    assert isinstance(fields, list) and sorted(fields) == [b"a", b"b", b"c", b"d", b"~"]
+    assert encoding == b"hashtable"
     assert isinstance(ttl, int) and 0 < ttl <= 50_000
     assert spend["spend"] == 20
