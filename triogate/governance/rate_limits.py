@@ -375,8 +375,10 @@ def settle(
         now_ms: epoch ms now (a bucket that slid out of the window is left alone).
 
     Declares one ``rate_settle.lua`` per principal that counted the request (or whose
-    answer was lost and that has a parallel slot to release) on ``post``; each is
-    idempotent by request id. Also updates the process-local windows.
+    answer was lost and that has a parallel slot to release) on ``post``, unless it has
+    nothing to change there (admitted, no parallel slot, and no TPM window or the actual
+    tokens equal the estimate); each is idempotent by request id. Also updates the
+    process-local windows.
 
     Returns:
         The declared handles.
@@ -408,6 +410,14 @@ def settle(
             )
         if entry.counted:
             mode = ADMITTED if admitted else UNDO
+            if mode == ADMITTED and not any(
+                w.kind == PARALLEL
+                or (w.kind == TPM and actual_tokens != admission.estimate_tokens)
+                for w in entry.windows
+            ):
+                # Nothing to change at this principal (its 'r' counts stand, no token
+                # correction, no slot): no script, no marker. A replay finds nothing either.
+                continue
         elif entry.degraded and any(w.kind == PARALLEL for w in entry.windows):
             mode = RELEASE
         else:

@@ -310,7 +310,10 @@ async def test_settle_after_success_declares_one_idempotent_call_per_principal()
     backend = RecordingBackend(respond=scripted())
     b, r, _ = await run_checks(backend, identity(**FULL))  # type: ignore[arg-type]
     calls = await settle_both(b, r, actual_nanousd=777, actual_tokens=80, admitted=True)
-    assert [c[0] for c in calls] == ["budget_settle"] * 4 + ["rate_settle"] * 4
+    # The team has only an RPM window: an admitted request changes nothing there, so it
+    # gets no rate_settle (key: TPM + slot, user: TPM, end user: slot).
+    assert [c[0] for c in calls] == ["budget_settle"] * 4 + ["rate_settle"] * 3
+    assert not any(name == "rate_settle" and "team:" in keys[0] for name, keys, _ in calls)
     for name, keys, args in calls:
         # the markers HASH of the settlement's minute, in the principal's tag (the request
         # id is its field)
@@ -321,6 +324,20 @@ async def test_settle_after_success_declares_one_idempotent_call_per_principal()
         else:
             assert args[:6] == ["req-1", "a", str(NOW_MS // 1000), "50", "80",
                                 str(NOW_MS + 5_000)]
+
+
+async def test_settle_skips_principals_with_nothing_to_change() -> None:
+    """Admitted, no parallel slot and the actual tokens equal to the estimate: no script
+    at all for the rate windows (an RPM count stands; a TPM reservation is exact)."""
+    backend = RecordingBackend(respond=scripted())
+    who = identity(key=Limits(rpm=10, tpm=1000), team=Limits(rpm=100))
+    b, r, _ = await run_checks(backend, who)
+    exact = await settle_both(b, r, actual_nanousd=0, actual_tokens=50, admitted=True)
+    assert exact == []
+    corrected = await settle_both(b, r, actual_nanousd=0, actual_tokens=51, admitted=True)
+    assert [(n, a[1]) for n, _, a in corrected] == [("rate_settle", "a")]
+    undone = await settle_both(b, r, actual_nanousd=0, actual_tokens=0, admitted=False)
+    assert [(n, a[1]) for n, _, a in undone] == [("rate_settle", "u")] * 2
 
 
 async def test_settle_after_a_rejection_undoes_only_what_was_counted() -> None:
