@@ -26,21 +26,27 @@ local LIMIT = 9007199254740992
 -- HSETNX/HMGET. Readers skip it (its name is not a request id or bucket).
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
+-- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
+-- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
+-- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
 local function int(i, min)
-  local v = tonumber(ARGV[i])
-  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  local v = ARGV[i] + 0
+  if v % 1 == 0 and v >= min and v < LIMIT then return v end
   return nil
 end
 
-local actual, ttl_ms, marker_ttl_ms = int(2, 0), int(3, 0), int(4, 1)
-if not (actual and ttl_ms and marker_ttl_ms) or #ARGV ~= 4 then
+local ok, actual, ttl_ms, marker_ttl_ms = pcall(function()
+  return int(2, 0), int(3, 0), int(4, 1)
+end)
+if not (ok and actual and ttl_ms and marker_ttl_ms) or #ARGV ~= 4 then
   return redis.error_reply('ERR budget_settle: expected 4 arguments: request_id, '
     .. 'actual_nanousd, ttl_ms, marker_ttl_ms (> 0), integers >= 0 but request_id')
 end
 local request_id = ARGV[1]
 
 if redis.call('HSETNX', KEYS[4], request_id, '1') == 0 then
-  return {0, 0, tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0}
+  local spent = redis.call('HGET', KEYS[1], 'spend')
+  return {0, 0, spent and spent + 0 or 0}
 end
 -- The PAD field is written once per markers HASH: HSETNX says whether the hash was new
 -- (then its TTL is armed; a hash an older version created gets it on its next settlement
@@ -53,7 +59,7 @@ end
 local released = 0
 local amount = redis.call('HGET', KEYS[2], request_id)
 if amount then
-  released = tonumber(amount)
+  released = amount + 0
   redis.call('HDEL', KEYS[2], request_id)
   redis.call('HINCRBY', KEYS[1], 'reserved', -released)
 end
@@ -66,6 +72,7 @@ if actual > 0 then
   -- budget_reserve.lua); otherwise this call may have created them.
   if ttl_ms > 0 and not amount then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
 else
-  spend = tonumber(redis.call('HGET', KEYS[1], 'spend')) or 0
+  local spent = redis.call('HGET', KEYS[1], 'spend')
+  spend = spent and spent + 0 or 0
 end
 return {1, released, spend}

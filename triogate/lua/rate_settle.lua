@@ -34,17 +34,21 @@ local LIMIT = 9007199254740992
 -- HSETNX/HMGET. Readers skip it (its name is not a request id or bucket).
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
+-- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
+-- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
+-- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
 local function int(i, min)
-  local v = tonumber(ARGV[i])
-  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  local v = ARGV[i] + 0
+  if v % 1 == 0 and v >= min and v < LIMIT then return v end
   return nil
 end
 
 local n = #KEYS - 1
 local mode = ARGV[2]
-local bucket, estimate, actual = int(3, 0), int(4, 0), int(5, 0)
-local now_ms, marker_ttl_ms = int(6, 0), int(7, 1)
-local ok_args = n >= 0 and bucket and estimate and actual and now_ms and marker_ttl_ms
+local parsed, bucket, estimate, actual, now_ms, marker_ttl_ms = pcall(function()
+  return int(3, 0), int(4, 0), int(5, 0), int(6, 0), int(7, 1)
+end)
+local ok_args = parsed and n >= 0 and bucket and estimate and actual and now_ms and marker_ttl_ms
   and #ARGV == 7 + n and (mode == 'a' or mode == 'u' or mode == 'x')
 for i = 1, math.max(n, 0) do
   local k = ARGV[7 + i]
@@ -77,11 +81,12 @@ local bucket_s = string.format('%d', bucket)
 local function adjust(key, delta)
   if delta == 0 or not in_window then return end
   local state = redis.call('HMGET', key, bucket_s, 't', 'o')
-  local low = tonumber(state[3])
+  -- `x and x + 0`: one conversion (see int), false for a missing field.
+  local low = state[3] and state[3] + 0
   if low and bucket < low then return end
-  local before = tonumber(state[1]) or 0
+  local before = state[1] and state[1] + 0 or 0
   local value = before + delta
-  local total = tonumber(state[2])
+  local total = state[2] and state[2] + 0
   if value > 0 then
     if total then
       redis.call('HSET', key, bucket_s, string.format('%d', value),
