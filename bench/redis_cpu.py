@@ -23,6 +23,7 @@ waits until the settler drained, and reads from the server:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -43,8 +44,8 @@ PARTS = (
     ("redis.call from Lua", ("luaRedisCallCommand", "luaRedisGenericCommand")),
     ("  its commands (scriptCall)", ("scriptCall",)),
     ("Lua interpreter (luaV_execute)", ("luaV_execute",)),
-    ("write replies", ("handleClientsWithPendingWrites", "handleClientsWithPendingWritesUsingThreads",
-                       "writeToClient")),
+    ("write replies", ("handleClientsWithPendingWrites",
+                       "handleClientsWithPendingWritesUsingThreads", "writeToClient")),
 )
 
 
@@ -142,10 +143,8 @@ def child(args: argparse.Namespace) -> None:
                         await trio.run_process(["callgrind_control", "-i", "off",
                                                 str(server.pid)], capture_stdout=True)
         finally:
-            try:
+            with contextlib.suppress(Exception):  # the shutdown's reply never comes
                 await redis.execute([("SHUTDOWN", "NOSAVE")])
-            except Exception:  # noqa: BLE001 - the shutdown's reply never comes
-                pass
             await redis.aclose()
             await trio.to_thread.run_sync(server.wait, 300)
         n = args.requests
