@@ -118,7 +118,7 @@ for i = 1, n do
     -- `x and x + 0`: one conversion (see int), false for a missing field.
     local total, low = head[1] and head[1] + 0, head[2] and head[2] + 0
     bucket_now[i] = head[3] and head[3] + 0
-    local old = {}
+    local old = false  -- the stale fields, a table only when there are some
     if total and low and oldest - low <= ROLL_MAX then
       if low < oldest then
         local fields = {}
@@ -128,6 +128,7 @@ for i = 1, n do
           local c = tonumber(counts[j])
           if c then
             total = total - c
+            old = old or {}
             old[#old + 1] = fields[j]
           end
         end
@@ -144,6 +145,7 @@ for i = 1, n do
           if b < low then low = b end
           if b == current then bucket_now[i] = c end
         elseif name ~= 't' and name ~= 'o' and name ~= PAD_FIELD then
+          old = old or {}
           old[#old + 1] = name
         end
       end
@@ -152,53 +154,60 @@ for i = 1, n do
   end
 end
 
--- The window's buckets in the window, ascending (only when a request is refused).
-local function buckets_of(i)
-  local flat = redis.call('HGETALL', KEYS[i])
-  local list = {}
-  for j = 1, #flat, 2 do
-    local b = tonumber(flat[j])
-    if b and b >= oldest then list[#list + 1] = {b, tonumber(flat[j + 1]) or 0} end
-  end
-  table.sort(list, function(x, y) return x[1] < y[1] end)
-  return list
-end
-
--- When will `need` units have left window i?
-local function retry_after(i, need)
-  local freed = 0
-  for _, bc in ipairs(buckets_of(i)) do
-    freed = freed + bc[2]
-    if freed >= need then return (bc[1] + BUCKETS) * BUCKET_MS - now_ms end
-  end
-  return BUCKETS * BUCKET_MS
-end
-
-local failed, retry_ms = 0, 0
+-- Which windows refuse the request, and how much must leave each (0: a parallel slot).
+local failed, needs = 0, nil
 for i = 1, n do
-  local limit, u, wait = limits[i], used[i], nil
+  local limit, u, need = limits[i], used[i], nil
   if kinds[i] == 'r' then
-    if u + 1 > limit then wait = retry_after(i, u + 1 - limit) end
+    if u + 1 > limit then need = u + 1 - limit end
   elseif kinds[i] == 't' then
-    if u + estimate > limit and u > 0 then
-      wait = retry_after(i, math.min(u, u + estimate - limit))
-    end
+    if u + estimate > limit and u > 0 then need = math.min(u, u + estimate - limit) end
   elseif u + 1 > limit then
-    wait = PARALLEL_RETRY_MS
+    need = 0
   end
-  if wait then
-    if failed == 0 then failed = i end
-    if wait > retry_ms then retry_ms = wait end
+  if need then
+    if failed == 0 then failed, needs = i, {} end
+    needs[i] = need
   end
 end
 
-local result = {0, failed, retry_ms}
 if failed > 0 then
-  for i = 1, n do result[3 + i] = math.max(limits[i] - used[i], 0) end
-  return result
+  -- The window's buckets in the window, ascending. Defined only for a refusal: an
+  -- admission creates no closure it does not call.
+  local function buckets_of(i)
+    local flat = redis.call('HGETALL', KEYS[i])
+    local list = {}
+    for j = 1, #flat, 2 do
+      local b = tonumber(flat[j])
+      if b and b >= oldest then list[#list + 1] = {b, tonumber(flat[j + 1]) or 0} end
+    end
+    table.sort(list, function(x, y) return x[1] < y[1] end)
+    return list
+  end
+  -- When will `need` units have left window i?
+  local function retry_after(i, need)
+    local freed = 0
+    for _, bc in ipairs(buckets_of(i)) do
+      freed = freed + bc[2]
+      if freed >= need then return (bc[1] + BUCKETS) * BUCKET_MS - now_ms end
+    end
+    return BUCKETS * BUCKET_MS
+  end
+  local retry_ms = 0
+  for i = 1, n do
+    local need = needs[i]
+    if need then
+      local wait = PARALLEL_RETRY_MS
+      if kinds[i] ~= 'p' then wait = retry_after(i, need) end
+      if wait > retry_ms then retry_ms = wait end
+    end
+  end
+  local refused = {0, failed, retry_ms}
+  for i = 1, n do refused[3 + i] = math.max(limits[i] - used[i], 0) end
+  return refused
 end
 
-result[1] = 1
+local result = {1, 0, 0}
 for i = 1, n do
   local key = KEYS[i]
   if kinds[i] == 'p' then
@@ -209,7 +218,7 @@ for i = 1, n do
   else
     local add = 1
     if kinds[i] == 't' then add = estimate end
-    if #stale[i] > 0 then redis.call('HDEL', key, unpack(stale[i])) end
+    if stale[i] then redis.call('HDEL', key, unpack(stale[i])) end
     local low = origin[i]
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
@@ -226,7 +235,7 @@ for i = 1, n do
       end
     elseif used[i] == 0 then
       redis.call('DEL', key)  -- nothing left in the window
-    elseif #stale[i] > 0 or redis.call('EXISTS', key) == 1 then
+    elseif stale[i] or redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 't', used[i], 'o', low)
     end
     result[3 + i] = math.max(limits[i] - used[i] - add, 0)
