@@ -11,8 +11,9 @@ the requests are spread over), in blocks of ``--block`` requests sent as
 one pipeline per request, the trees alternating block by block. The server's own CPU
 (utime + stime from /proc) and INFO commandstats are read around every block; the
 figures are the median over blocks of µs per request. Where a tree's Python side sends
-fewer scripts (w5-redis: no rate_settle where an admitted request changes nothing), the
-sequence follows the tree (detected from its source).
+fewer scripts (w5-redis: no rate_settle where an admitted request changes nothing, and a
+principal's rate windows settled by its budget_settle), the sequence follows the tree
+(detected from its source).
 
     python bench/script_ab.py /tmp/base-redis /work/wt/redis --blocks 20 --block 500
     python bench/script_ab.py A B --server /usr/bin/redis-server
@@ -49,6 +50,7 @@ class Tree:
         self.recs = "recs:" in (lua / "routing_record.lua").read_text()
         rate_limits = (path / "triogate" / "governance" / "rate_limits.py").read_text()
         self.skips_plain_settle = "Nothing to change at this principal" in rate_limits
+        self.merged = (path / "triogate" / "governance" / "settle.py").exists()
 
     def request(self, p: valkey.client.Pipeline, i: int) -> None:
         sha, now = self.sha, int(time.time() * 1000)
@@ -67,12 +69,19 @@ class Tree:
             b = f"{t}:bud:7"
             p.evalsha(sha["budget_reserve"], 3, b, f"{b}:res", f"{b}:exp", now, rid, 39_000,
                       10**15, 600_000, ttl)
-        for t, (_, _, ttl) in zip(tags, PRINCIPALS, strict=True):
+        for t, (_, wins, ttl) in zip(tags, PRINCIPALS, strict=True):
             b = f"{t}:bud:7"
-            p.evalsha(sha["budget_settle"], 4, b, f"{b}:res", f"{b}:exp",
-                      f"{t}:bud:done:{minute}", rid, 35_000, ttl, 660_000)
+            keys = [b, f"{b}:res", f"{b}:exp", f"{t}:bud:done:{minute}"]
+            args: list[object] = [rid, 35_000, ttl, 660_000]
+            if self.merged and any(w[0] != "r" for w in wins):
+                # the principal's windows ride with its budget settlement (governance/settle.py)
+                keys += [f"{t}:rl:rpm", f"{t}:rl:tpm"][: len(wins)]
+                args += ["a", bucket, 222, 200, now, *[w[0] for w in wins]]
+            p.evalsha(sha["budget_settle"], len(keys), *keys, *args)
         for t, (_, wins, _) in zip(tags, PRINCIPALS, strict=True):
             if self.skips_plain_settle and all(w[0] == "r" for w in wins):
+                continue
+            if self.merged:
                 continue
             keys = [f"{t}:rl:rpm", f"{t}:rl:tpm"][: len(wins)]
             p.evalsha(sha["rate_settle"], len(keys) + 1, *keys, f"{t}:rl:done:{minute}", rid,
