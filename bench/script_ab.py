@@ -92,6 +92,39 @@ class Tree:
                   5000, "0.3", 3_600_000, "a" if i % 2 else "b", "ok", 21, "0.077")
 
 
+class _Recorder:
+    """Stands in for a pipeline: keeps the EVALSHA calls of one request."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def evalsha(self, *args: object) -> None:
+        self.calls.append(args)
+
+
+def per_script(client: valkey.Valkey, trees: list[Tree], requests: int) -> None:
+    """µs per call of each script (commandstats around every call, one call at a time: the
+    caches are colder than in a pipeline, so read the figures side by side only)."""
+    for tree in trees:
+        names = {sha: name for name, sha in tree.sha.items()}
+        usec: dict[str, list[int]] = {}
+        for i in range(requests + 200):
+            recorder = _Recorder()
+            tree.request(recorder, 10**9 + i)  # type: ignore[arg-type]
+            for call in recorder.calls:
+                name = names[str(call[0])]
+                if name == "budget_settle" and int(call[1]) > 4:  # type: ignore[call-overload]
+                    name = "budget_settle+windows"
+                before = evalsha_usec(client)
+                client.evalsha(*call)  # type: ignore[arg-type]
+                if i >= 200:
+                    usec.setdefault(name, []).append(evalsha_usec(client) - before)
+        print(f"{tree.path}, per script (µs per call, calls per request):")
+        for name, values in sorted(usec.items()):
+            mean, per_request = statistics.mean(values), len(values) / requests
+            print(f"    {name:22s} {mean:6.2f} µs  x{per_request:.0f}")
+
+
 def server_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -107,6 +140,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=20, help="blocks per tree")
     parser.add_argument("--block", type=int, default=500, help="requests per block")
     parser.add_argument("--server", default=None)
+    parser.add_argument("--per-script", type=int, default=0, metavar="N",
+                        help="also time each script alone over N requests per tree")
     parser.add_argument("--principals", type=int, default=1,
                         help="spread the requests over this many keys, teams and end users "
                         "(many principals at a low rate each: small marker hashes)")
@@ -140,6 +175,8 @@ def main() -> None:
                     if block:
                         cpu[tree.index].append((c1 - c0) * 1e6 / args.block)
                         usec[tree.index].append((u1 - u0) / args.block)
+            if args.per_script:
+                per_script(client, trees, args.per_script)
         finally:
             server.kill()
             server.wait()

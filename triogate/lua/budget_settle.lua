@@ -90,7 +90,8 @@ if redis.call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
   redis.call('PEXPIRE', KEYS[4], marker_ttl_ms)
 end
 
--- The rate windows (rate_settle.lua's work; its header states the rules): a bucket that
+-- The rate windows (rate_settle.lua's work, the same code; its header states the rules;
+-- keep the two identical): a bucket that
 -- slid out of the window is not touched, a bucket never goes below 0, `t` moves with the
 -- bucket, a bucket below `o` is left alone, and only a write that creates a bucket arms
 -- the window's TTL.

@@ -18,6 +18,10 @@
 -- ARGV[7+i] kind of window i: 'r', 't' or 'p'
 -- Returns  1 if applied, 0 for a replay (the marker was there: nothing changes)
 --
+-- A principal that also settles a budget has this work done by budget_settle.lua, in the
+-- same call and under the budget's marker (governance/settle.py); this script is sent for
+-- the others. Keep the two copies of the rules below identical.
+--
 -- A bucket that has slid out of the window (bucket <= floor(now_ms/1000) - 60) is not
 -- touched: its count no longer matters and it must not be re-created. A bucket never goes
 -- below 0 (it is deleted at 0). The window's TTL is armed only by a write that creates a
