@@ -6,7 +6,8 @@ and awaits them together: one wait. Each call checks and reserves atomically in 
 principal's own hash tag. After the call (or a rejection, failure, cancellation or cache
 hit), :func:`settle` declares one ``budget_settle.lua`` per principal on the request's
 post-call batch: it releases the reservation and charges the actual cost, idempotently
-by request id.
+by request id, and settles the principal's rate windows too when given their plan
+(``governance.settle.settle``: one script per principal).
 
 The admission rule, per principal and budget period (integers, nano-USD)::
 

@@ -11,7 +11,9 @@ Windows slide over 60 s in 1 s buckets (see the header of ``rate_admit.lua`` for
 TPM is reserved on the request's estimate and settled on the actual usage afterwards.
 
 After the call, :func:`settle` declares one ``rate_settle.lua`` per principal that
-counted the request, on the post-call batch, idempotent by request id:
+counted the request, on the post-call batch, idempotent by request id (the gateway uses
+``governance.settle.settle``, where a principal that also settles a budget has this done
+by its ``budget_settle.lua`` call, under the budget's marker):
 
 * admitted (the call ran, failed upstream, or was a cache hit): the TPM bucket the
   estimate went to is corrected to the actual tokens; the parallel slot is released;
