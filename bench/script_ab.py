@@ -125,6 +125,85 @@ def per_script(client: valkey.Valkey, trees: list[Tree], requests: int) -> None:
             print(f"    {name:22s} {mean:6.2f} µs  x{per_request:.0f}")
 
 
+def _name(tree: Tree, call: tuple[object, ...]) -> str:
+    name = {sha: n for n, sha in tree.sha.items()}[str(call[0])]
+    if name == "budget_settle" and int(call[1]) > 4:  # type: ignore[call-overload]
+        return "budget_settle+windows"
+    return name
+
+
+def per_script_instructions(paths: list[Path], server_bin: str, requests: int,
+                            batch: int = 50) -> None:
+    """Instructions per call of each script, deterministic: for each tree and script, a
+    fresh server under callgrind with instrumentation off; requests run in batches of
+    ``batch`` (every request's calls before that script, then -- instrumented -- its calls,
+    then the rest), so the count covers exactly those calls (command parsing, EVALSHA,
+    the Lua body, its redis.calls, the reply)."""
+    for path in paths:
+        with tempfile.TemporaryDirectory(prefix="triogate-sab-cg-") as work:
+            probe_sock = f"{work}/probe.sock"
+            probe = subprocess.Popen([server_bin, "--port", "0", "--unixsocket", probe_sock,
+                                      "--save", ""], stdout=subprocess.DEVNULL)
+            while not os.path.exists(probe_sock):
+                time.sleep(0.05)
+            probe_tree = Tree(path, 0, valkey.Valkey(unix_socket_path=probe_sock), 1)
+            names = sorted({_name(probe_tree, c) for c in _calls(probe_tree, 0)})
+            probe.kill()
+            probe.wait()
+            print(f"{path}, instructions per script call (callgrind):", flush=True)
+            total = 0.0
+            for target in names:
+                sock, out = f"{work}/{target}.sock", f"{work}/{target}.cg"
+                server = subprocess.Popen(
+                    ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                     "--instr-atstart=no", server_bin, "--port", "0", "--unixsocket", sock,
+                     "--save", "", "--appendonly", "no"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                while not os.path.exists(sock):
+                    time.sleep(0.1)
+                client = valkey.Valkey(unix_socket_path=sock)
+                tree = Tree(path, 0, client, 1)
+                calls_made = 0
+                for start in range(0, requests, batch):
+                    seqs = [_calls(tree, i) for i in range(start, min(start + batch, requests))]
+                    parts: list[list[tuple[object, ...]]] = [[], [], []]
+                    for seq in seqs:
+                        at = [j for j, c in enumerate(seq) if _name(tree, c) == target]
+                        first, last = (at[0], at[-1] + 1) if at else (len(seq), len(seq))
+                        parts[0] += seq[:first]
+                        parts[1] += seq[first:last]
+                        parts[2] += seq[last:]
+                    for k, part in enumerate(parts):
+                        if k == 1:
+                            subprocess.run(["callgrind_control", "-i", "on", str(server.pid)],
+                                           capture_output=True, check=False)
+                        p = client.pipeline(transaction=False)
+                        for call in part:
+                            p.evalsha(*call)
+                        p.execute()
+                        if k == 1:
+                            subprocess.run(["callgrind_control", "-i", "off", str(server.pid)],
+                                           capture_output=True, check=False)
+                            calls_made += len(part)
+                server.terminate()  # SIGTERM: the server exits, callgrind writes its counts
+                server.wait(300)
+                ir = sum(int(line.split()[1]) for name in Path(work).glob(f"{target}.cg*")
+                         for line in Path(name).read_text(errors="replace").splitlines()
+                         if line.startswith(("summary:", "totals:")))
+                per_call, per_request = ir / max(calls_made, 1), ir / requests
+                total += per_request
+                print(f"    {target:22s} {per_call / 1000:7.1f}k per call  "
+                      f"x{calls_made / requests:.0f}  {per_request / 1000:7.1f}k per request",
+                      flush=True)
+            print(f"    {'all scripts':22s} {total / 1000:7.1f}k per request", flush=True)
+
+
+def _calls(tree: Tree, i: int) -> list[tuple[object, ...]]:
+    recorder = _Recorder()
+    tree.request(recorder, 10**9 + i)  # type: ignore[arg-type]
+    return recorder.calls
+
+
 def server_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -142,6 +221,9 @@ def main() -> None:
     parser.add_argument("--server", default=None)
     parser.add_argument("--per-script", type=int, default=0, metavar="N",
                         help="also time each script alone over N requests per tree")
+    parser.add_argument("--per-script-instructions", type=int, default=0, metavar="N",
+                        help="only count each script's instructions under callgrind, over N "
+                        "requests per tree (deterministic)")
     parser.add_argument("--principals", type=int, default=1,
                         help="spread the requests over this many keys, teams and end users "
                         "(many principals at a low rate each: small marker hashes)")
@@ -150,6 +232,10 @@ def main() -> None:
     if server_bin is None:
         from triogate.redis_server import find_server_binary
         server_bin = find_server_binary()
+    if args.per_script_instructions:
+        per_script_instructions([t.resolve() for t in args.trees], server_bin,
+                                args.per_script_instructions)
+        return
     with tempfile.TemporaryDirectory(prefix="triogate-sab-") as work:
         sock = f"{work}/r.sock"
         server = subprocess.Popen([server_bin, "--port", "0", "--unixsocket", sock, "--save", "",
