@@ -98,7 +98,7 @@ async def measure(requests: int, warmup: int, folder: Path) -> None:
                 await gateway.services.settler.wait_drained()
                 (before, keys_before), (markers_before, fields_before) = (
                     await used_memory(redis), await marker_bytes(redis))
-                routing_before = await count_keys(redis, "*:rec:*")
+                routing_before = await count_keys(redis, "*:rec:*")  # one per request before
                 await send(http, gateway.openai_base, key, requests, "measured")
                 await gateway.services.settler.wait_drained()
                 (after, keys_after), (markers_after, fields_after) = (
@@ -115,8 +115,9 @@ async def measure(requests: int, warmup: int, folder: Path) -> None:
     print(f"settlement markers: {fields:.1f} fields and {markers:.0f} bytes per request "
           f"(MEMORY USAGE of the marker hashes)")
     routing = (routing_after - routing_before) / requests
-    print(f"routing record markers (a STRING per request and group, 10 min): {routing:.1f} "
-          f"keys per request, about {per_request - markers:.0f} bytes with the rest")
+    print(f"routing record markers as STRING keys (one per request and group before "
+          f"w5-redis; fields of a HASH per minute since): {routing:.1f} keys per request; "
+          f"everything but the settlement markers: {per_request - markers:.0f} bytes")
     held = markers * 100 * DAY_S
     print(f"at 100 requests/s: settlement markers hold {held / 1e9:.2f} GB (24 h); routing "
           f"markers and the rest {(per_request - markers) * 100 * 600 / 1e6:.0f} MB (10 min)")

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import redis
 
+#: The tree being measured writes routing markers as fields of a HASH per minute.
+RECS = False
 NAMES = ("routing_state", "rate_admit", "budget_reserve", "budget_settle", "rate_settle",
          "routing_record")
 #: (kind, rate windows, budget TTL ms): TTL 0 is a lifetime budget.
@@ -55,8 +57,11 @@ def request(p: redis.client.Pipeline, sha: dict[str, str], i: int) -> None:
         keys = [f"{t}:rl:rpm", f"{t}:rl:tpm"][: len(wins)]
         p.evalsha(sha["rate_settle"], len(keys) + 1, *keys, f"{t}:rl:done:{minute}", rid, "a",
                   bucket, 222, 200, now, 660_000, *[w[0] for w in wins])
-    p.evalsha(sha["routing_record"], 4, f"{g}:rec:{rid}", f"{g}:usage:{minute}", f"{g}:cooldown",
-              f"{g}:latency", now, rid, 600_000, 120_000, 3, 5000, "0.3", 3_600_000,
+    # routing markers: a HASH per minute since w5-redis (recs:), a STRING per request before
+    marker = f"{g}:recs:{minute}" if RECS else f"{g}:rec:{rid}"
+    p.evalsha(sha["routing_record"], 4, marker, f"{g}:usage:{minute}", f"{g}:cooldown",
+              f"{g}:latency", now, rid, 660_000 if RECS else 600_000, 120_000, 3, 5000, "0.3",
+              3_600_000,
               "a" if i % 2 else "b", "ok", 21, "0.077")
 
 
@@ -76,6 +81,8 @@ def measure(tree: Path, requests: int, warm: int = 100) -> tuple[float, float]:
             r = redis.Redis(unix_socket_path=sock)
             sha = {n: r.script_load((tree / "triogate" / "lua" / f"{n}.lua").read_text())
                    for n in NAMES}
+            global RECS
+            RECS = "recs:" in (tree / "triogate" / "lua" / "routing_record.lua").read_text()
             for i in range(warm + requests):
                 if i == warm:
                     r.config_resetstat()

@@ -15,6 +15,7 @@ import attrs
 import pytest
 import trio
 
+from tests.integration.lua.support import PAD, PAD_FIELD
 from triogate.batch import (
     BackendUnavailable,
     Batch,
@@ -34,6 +35,7 @@ from triogate.governance.facts import CheckSettings, RequestFacts
 from triogate.governance.keys import budget_keys, rate_window_key
 from triogate.governance.local import LocalGovernance
 from triogate.governance.principals import Identity, Limits, Principal
+from triogate.governance.settle import settle as settle_together
 
 from .cluster_server import ClusterUnavailable, LocalCluster
 
@@ -471,12 +473,16 @@ async def check(cluster: ClusterBackend, identity: Identity, request: RequestFac
 async def hash_ints(cluster: ClusterBackend, key: str) -> dict[str, int]:
     (flat,) = await cluster.execute([("HGETALL", key)])
     assert isinstance(flat, list)
-    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)
+            if flat[i] != PAD_FIELD.encode() or flat[i + 1] != PAD}
 
 
+@pytest.mark.parametrize("together", [False, True])
 async def test_budgets_and_rate_limits_decide_in_one_round_on_the_cluster(
-    cluster: ClusterBackend,
+    cluster: ClusterBackend, together: bool,
 ) -> None:
+    """Also settled the gateway's way (``together``: governance.settle, a principal's budget
+    and windows in one script): every key of a call in the principal's slot."""
     identity = spread_identity(
         cluster, Limits(max_budget_nanousd=10**9, rpm=10, tpm=10_000, max_parallel=3),
         team=Limits(max_budget_nanousd=10**10, rpm=100), user=Limits(max_budget_nanousd=10**9))
@@ -499,9 +505,14 @@ async def test_budgets_and_rate_limits_decide_in_one_round_on_the_cluster(
         async with trio.open_nursery() as nursery:
             await nursery.start(settler.run)
             async with open_post_call_batch(settler, trace_id="req-1") as post:
-                budgets.settle(post, b, request, actual_nanousd=4_321, now_ms=NOW_MS)
-                rate_limits.settle(post, r, request, actual_tokens=250, admitted=True,
-                                   now_ms=NOW_MS)
+                if together:
+                    settle_together(post, request, budget_outcome=b, rate_outcome=r,
+                                    actual_nanousd=4_321, actual_tokens=250, admitted=True,
+                                    now_ms=NOW_MS)
+                else:
+                    budgets.settle(post, b, request, actual_nanousd=4_321, now_ms=NOW_MS)
+                    rate_limits.settle(post, r, request, actual_tokens=250, admitted=True,
+                                       now_ms=NOW_MS)
             await post.wait_settled()
             await settler.wait_drained()
             nursery.cancel_scope.cancel()
@@ -511,6 +522,8 @@ async def test_budgets_and_rate_limits_decide_in_one_round_on_the_cluster(
         bucket = str(NOW_MS // 1000)
         window = await hash_ints(cluster, rate_window_key("key", KEY_ID, "tpm"))
         assert window[bucket] == 250 and window["t"] == 250  # the bucket and the running total
+        (slots,) = await cluster.execute([("ZCARD", rate_window_key("key", KEY_ID, "parallel"))])
+        assert slots == 0
     summary = tracer.summary("req-1")
     assert (summary.waits_before, summary.waits_after) == (1, 1)
 

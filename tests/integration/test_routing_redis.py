@@ -83,7 +83,7 @@ async def record(
 ) -> object:
     return await run_script(
         redis, RECORD_SCRIPT,
-        [keys.record_marker_key(G, request_id), keys.usage_key(G, now_ms),
+        [keys.record_markers_key(G, now_ms), keys.usage_key(G, now_ms),
          keys.cooldown_key(G), keys.latency_key(G),
          *[keys.inflight_key(G, d) for d in release]],
         [now_ms, request_id, 600_000, 120_000, allowed_fails, cooldown_ms, "0.3", 3_600_000,
@@ -252,11 +252,65 @@ async def test_record_success_counts_usage_and_latency(redis: RespBackend) -> No
         assert rows["a"] == (2, 200, 0, 0, 0, b"130.000")  # 0.3·200 + 0.7·100
         [usage_ttl, latency_ttl, marker_ttl] = await redis.execute([
             ("PTTL", keys.usage_key(G, M)), ("PTTL", keys.latency_key(G)),
-            ("PTTL", keys.record_marker_key(G, "r2")),
+            ("PTTL", keys.record_markers_key(G, M)),
         ])
     assert 119_000 < usage_ttl <= 120_000  # type: ignore[operator]
     assert 3_599_000 < latency_ttl <= 3_600_000  # type: ignore[operator]
     assert 599_000 < marker_ttl <= 600_000  # type: ignore[operator]
+
+
+async def test_record_markers_are_fields_of_one_hash_per_minute(redis: RespBackend) -> None:
+    """Markers: one HASH per group and minute (a PAD field keeps it a hashtable), its TTL
+    armed once; usage and latency TTLs armed when the key may have been created, not by
+    every record (a later record does not move them)."""
+    with trio.fail_after(5):
+        for i in range(3):
+            assert await record(redis, [("a", "ok", 10, "5")], request_id=f"r{i}") == [1]
+            if i == 0:
+                await redis.execute([("PEXPIRE", keys.record_markers_key(G, M), 500_000),
+                                     ("PEXPIRE", keys.usage_key(G, M), 100_000),
+                                     ("PEXPIRE", keys.latency_key(G), 3_000_000)])
+        fields, encoding, marker_ttl, usage_ttl, latency_ttl = await redis.execute([
+            ("HKEYS", keys.record_markers_key(G, M)),
+            ("OBJECT", "ENCODING", keys.record_markers_key(G, M)),
+            ("PTTL", keys.record_markers_key(G, M)), ("PTTL", keys.usage_key(G, M)),
+            ("PTTL", keys.latency_key(G)),
+        ])
+        # The next minute's first success re-arms the latency TTL (lives ~1 h after its
+        # last update, to within a minute) and its usage hash gets its own.
+        await record(redis, [("a", "ok", 10, "5")], request_id="r9", now_ms=M + 60_000)
+        latency_later, usage_next = await redis.execute([
+            ("PTTL", keys.latency_key(G)), ("PTTL", keys.usage_key(G, M + 60_000))])
+    assert isinstance(fields, list) and sorted(fields) == [b"r0", b"r1", b"r2", b"~"]
+    assert encoding == b"hashtable"
+    assert 499_000 < marker_ttl <= 500_000  # type: ignore[operator]
+    assert 99_000 < usage_ttl <= 100_000  # type: ignore[operator]
+    assert 2_999_000 < latency_ttl <= 3_000_000  # type: ignore[operator]
+    assert 3_599_000 < latency_later <= 3_600_000  # type: ignore[operator]
+    assert 119_000 < usage_next <= 120_000  # type: ignore[operator]
+
+
+async def test_a_new_field_arms_the_latency_ttl(redis: RespBackend) -> None:
+    """A latency HASH created while the minute's usage already counts the deployment (the
+    hash expired or was evicted) still gets a TTL: nothing lives forever."""
+    with trio.fail_after(5):
+        await record(redis, [("a", "ok", 10, "5")], request_id="r1")
+        await redis.execute([("DEL", keys.latency_key(G))])
+        await record(redis, [("a", "ok", 10, "5")], request_id="r2")
+        [ttl] = await redis.execute([("PTTL", keys.latency_key(G))])
+    assert 3_599_000 < ttl <= 3_600_000  # type: ignore[operator]
+
+
+async def test_old_layout_markers_do_not_clash(redis: RespBackend) -> None:
+    """An older version's marker (a STRING per request, ``rec:<request id>``) has another
+    name: a record of the new layout neither misreads nor overwrites it."""
+    old = f"tg:{keys.group_tag(G)}:rec:r1"
+    with trio.fail_after(5):
+        await redis.execute([("SET", old, "1", "PX", 600_000)])
+        assert await record(redis, [("a", "ok", 10, "5")], request_id="r1") == [1]
+        assert await record(redis, [("a", "ok", 10, "5")], request_id="r1") == [0]
+        value, kind = await redis.execute([("GET", old), ("TYPE", keys.record_markers_key(G, M))])
+    assert value == b"1" and kind == b"hash"
 
 
 async def test_cooldown_after_allowed_fails_and_its_expiry(redis: RespBackend) -> None:

@@ -17,7 +17,7 @@ import trio
 
 from triogate.batch import open_post_call_batch
 from triogate.cache.replay import assemble
-from triogate.governance import budgets, rate_limits
+from triogate.governance.settle import settle as governance_settle
 from triogate.otel import RequestSpans
 from triogate.providers.records import Usage
 from triogate.store.records import SpendLogRow
@@ -120,12 +120,10 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         # A cache hit counts for RPM but uses no tokens: its TPM reservation goes back.
         tokens = 0 if outcome.status == "cache_hit" else (
             outcome.usage.input_tokens + outcome.usage.output_tokens)
-        if admitted.budgets is not None:
-            budgets.settle(post, admitted.budgets, admitted.request,
-                           actual_nanousd=cost_nanousd(outcome), now_ms=now_ms)
-        if admitted.rates is not None:
-            rate_limits.settle(post, admitted.rates, admitted.request, actual_tokens=tokens,
-                               admitted=outcome.admitted, now_ms=now_ms)
+        # Budgets and rate windows: one script per principal (governance/settle.py).
+        governance_settle(post, admitted.request, budget_outcome=admitted.budgets,
+                          rate_outcome=admitted.rates, actual_nanousd=cost_nanousd(outcome),
+                          actual_tokens=tokens, admitted=outcome.admitted, now_ms=now_ms)
         if admitted.routing is not None:
             services.router.record(
                 post, admitted.routing, outcome.route, admitted.facts,

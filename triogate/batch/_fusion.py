@@ -30,8 +30,10 @@ strings, status and error-reply tables, recursively: an error *returned* with
 ``redis.error_reply`` arrives nested and hiredis decodes it as a
 :class:`CommandError`), with nil written as false (a nil would end the array); a last
 element lists the raised errors as ``c, {err, line, source}`` (a Lua runtime error,
-``error(...)``, a failed ``redis.call``). :meth:`FusedScript.split` turns that back into
-what each owner's lone ``EVALSHA`` would have given: the value, ``None``, or a
+``error(...)``, a failed ``redis.call``), or is false (nil) when none was raised: an empty
+table would cost the reply conversion its type probes on every fused call.
+:meth:`FusedScript.split` turns that back into what each owner's lone ``EVALSHA`` would
+have given: the value, ``None``, or a
 :class:`CommandError` with the text Redis builds (``<err> script: <member sha>, on
 @user_script:<line>.``, the line and the ``user_script:N:`` position in the message
 shifted back to the member's own lines).
@@ -97,7 +99,7 @@ local handler = rawget(_G, '__redis__err__handler') or function(e)
   return e
 end
 local header = {string.byte(ARGV[1], 1, -1)}
-local out, errors = {}, {}
+local out, errors = {}, false
 local k, a = 0, 1
 for c = 1, #header / 3 do
   local p = 3 * c
@@ -111,6 +113,7 @@ for c = 1, #header / 3 do
   else
     if type(r) ~= 'table' then r = {err = 'ERR ' .. tostring(r)} end
     out[c] = false
+    errors = errors or {}
     errors[#errors + 1] = c
     errors[#errors + 1] = {tostring(r.err), r.line, r.source}
   end
@@ -203,11 +206,12 @@ class FusedScript:
         if isinstance(reply, BaseException):
             return [reply for _ in calls]
         n = len(calls)
-        if not isinstance(reply, list) or len(reply) != n + 1 or not isinstance(reply[n], list):
+        if not isinstance(reply, list) or len(reply) != n + 1 or not (
+                reply[n] is None or isinstance(reply[n], list)):
             bad = f"ERR fused script {self.script.sha[:8]}: unexpected reply {reply!r:.100}"
             return [CommandError(bad) for _ in calls]
         out: list[object] = reply[:n]
-        errors = reply[n]
+        errors = reply[n] or []
         for at in range(0, len(errors) - 1, 2):
             c = errors[at] - 1
             out[c] = self._error(calls[c], errors[at + 1])

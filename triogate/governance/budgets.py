@@ -6,7 +6,8 @@ and awaits them together: one wait. Each call checks and reserves atomically in 
 principal's own hash tag. After the call (or a rejection, failure, cancellation or cache
 hit), :func:`settle` declares one ``budget_settle.lua`` per principal on the request's
 post-call batch: it releases the reservation and charges the actual cost, idempotently
-by request id.
+by request id, and settles the principal's rate windows too when given their plan
+(``governance.settle.settle``: one script per principal).
 
 The admission rule, per principal and budget period (integers, nano-USD)::
 
@@ -47,11 +48,14 @@ from triogate.governance.facts import principal_label
 from triogate.governance.keys import MARKER_SLICE_MS, budget_keys, budget_marker
 
 if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
     from triogate.batch import Batch, Handle, PostCallBatch
     from triogate.governance.decisions import Decision
     from triogate.governance.facts import CheckSettings, RequestFacts
     from triogate.governance.local import LocalGovernance
     from triogate.governance.principals import Identity, Principal
+    from triogate.governance.rate_limits import RateSettlement
 
 OWNER = "budgets"
 RESERVE = Script.from_package("triogate.lua", "budget_reserve.lua")
@@ -332,6 +336,7 @@ def settle(
     *,
     actual_nanousd: int,
     now_ms: int,
+    rates: MutableMapping[tuple[str, str], RateSettlement] | None = None,
 ) -> tuple[Handle[object], ...]:
     """Release the request's reservations and charge ``actual_nanousd`` (sync, never blocks).
 
@@ -340,6 +345,10 @@ def settle(
     by request id, so the settler may replay it. Also updates the process-local ledger.
     Call it always: after success (the actual cost), and after a rejection, failure,
     cancellation or cache hit (0, or what the provider charged).
+
+    ``rates`` (``rate_limits.settle_plans`` by principal): a principal's rate settlement
+    found there rides in the same script call (one marker guards both) and is removed from
+    the mapping; what is left the caller declares alone (``rate_limits.declare``).
 
     Returns:
         The declared handles (the settler resolves them; callers need not await them).
@@ -365,24 +374,34 @@ def settle(
             )
         if not hold.settle_needed and actual_nanousd == 0:
             continue
+        keys: tuple[str, ...] = (
+            *budget_keys(hold.kind, hold.id, hold.period).as_tuple(),
+            budget_marker(hold.kind, hold.id, now_ms),
+        )
+        args: tuple[str | int, ...] = (
+            reservation.request_id,
+            actual_nanousd,
+            _ttl_ms(hold.period_end_ms, now_ms, reservation.retention_ms),
+            # from the slice's first marker: every marker lives >= marker_ttl_ms
+            reservation.marker_ttl_ms + MARKER_SLICE_MS,
+        )
+        replay_window_ms = reservation.marker_ttl_ms
+        plan = rates.get((hold.kind, hold.id)) if rates is not None else None
+        if rates is not None and plan is not None and plan.backend == reservation.backend and (
+                plan.request_id == reservation.request_id):
+            del rates[hold.kind, hold.id]
+            keys += plan.window_keys
+            args += (*plan.args(), *plan.codes)
+            replay_window_ms = min(replay_window_ms, plan.marker_ttl_ms)
         handles.append(
             post.call(
                 SETTLE,
-                keys=(
-                    *budget_keys(hold.kind, hold.id, hold.period).as_tuple(),
-                    budget_marker(hold.kind, hold.id, now_ms),
-                ),
-                args=(
-                    reservation.request_id,
-                    actual_nanousd,
-                    _ttl_ms(hold.period_end_ms, now_ms, reservation.retention_ms),
-                    # from the slice's first marker: every marker lives >= marker_ttl_ms
-                    reservation.marker_ttl_ms + MARKER_SLICE_MS,
-                ),
+                keys=keys,
+                args=args,
                 backend=reservation.backend,
                 owner=OWNER,
-                # A replay after the marker expired would charge twice.
-                replay_window_ms=reservation.marker_ttl_ms,
+                # A replay after the marker expired would charge (and count) twice.
+                replay_window_ms=replay_window_ms,
             )
         )
     return tuple(handles)

@@ -10,12 +10,18 @@ Layout (``T`` = the principal's tag)::
     tg:T:bud:<period>            HASH  spend, reserved            (nano-USD)
     tg:T:bud:<period>:res        HASH  request id -> reserved     (nano-USD)
     tg:T:bud:<period>:exp        ZSET  request id -> lease expiry (epoch ms)
-    tg:T:bud:done:<slice>        HASH  request id -> 1: settlement markers (TTL)
+    tg:T:bud:done:<slice>        HASH  request id -> 1: settlement markers (TTL); they also
+                                       guard the rate windows a budget settlement carries
     tg:T:rl:rpm | rl:tpm         HASH  bucket (epoch s) -> requests | tokens
     tg:T:rl:rpm:m:<group>        HASH  the same, per model group
     tg:T:rl:tpm:m:<group>
     tg:T:rl:par                  ZSET  request id -> lease expiry (epoch ms)
     tg:T:rl:done:<slice>         HASH  request id -> 1: settlement markers (TTL)
+
+The markers HASHes and the rate windows also hold a field ``~`` whose 72-byte value keeps
+the server from storing them as listpacks (a listpack's field lookup is a scan: up to
+128 fields on Redis 7, 512 on Valkey 8); readers skip it. Layouts written before it (no
+``~``) are read the same, and get the field with their next marker or bucket.
 
 Settlement markers are fields of one HASH per principal per minute (``<slice>`` =
 epoch ms // :data:`MARKER_SLICE_MS` when the settlement was declared), not one key per

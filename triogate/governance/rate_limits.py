@@ -11,7 +11,9 @@ Windows slide over 60 s in 1 s buckets (see the header of ``rate_admit.lua`` for
 TPM is reserved on the request's estimate and settled on the actual usage afterwards.
 
 After the call, :func:`settle` declares one ``rate_settle.lua`` per principal that
-counted the request, on the post-call batch, idempotent by request id:
+counted the request, on the post-call batch, idempotent by request id (the gateway uses
+``governance.settle.settle``, where a principal that also settles a budget has this done
+by its ``budget_settle.lua`` call, under the budget's marker):
 
 * admitted (the call ran, failed upstream, or was a cache hit): the TPM bucket the
   estimate went to is corrected to the actual tokens; the parallel slot is released;
@@ -356,6 +358,31 @@ def rate_headers(entries: Sequence[RateEntry]) -> Mapping[str, str]:
     return headers
 
 
+@final
+@attrs.frozen(kw_only=True)
+class RateSettlement:
+    """What one principal's windows must do after the request (``rate_settle.lua``'s
+    arguments), built by :func:`settle_plans`: declared alone (:func:`declare`), or carried
+    by the same principal's budget settlement (``budgets.settle(..., rates=...)``)."""
+
+    kind: str
+    id: str
+    window_keys: tuple[str, ...]
+    codes: tuple[str, ...]
+    request_id: str
+    mode: str
+    bucket: int
+    estimate_tokens: int
+    actual_tokens: int
+    now_ms: int
+    backend: str
+    marker_ttl_ms: int
+
+    def args(self) -> list[str | int]:
+        """``rate_settle.lua``'s mode .. now_ms (the part budget_settle.lua also takes)."""
+        return [self.mode, self.bucket, self.estimate_tokens, self.actual_tokens, self.now_ms]
+
+
 def settle(
     post: PostCallBatch,
     outcome: RateOutcome,
@@ -374,9 +401,10 @@ def settle(
             rejection is always treated as not admitted.
         now_ms: epoch ms now (a bucket that slid out of the window is left alone).
 
-    Declares one ``rate_settle.lua`` per principal that counted the request (or whose
-    answer was lost and that has a parallel slot to release) on ``post``; each is
-    idempotent by request id. Also updates the process-local windows.
+    Declares one ``rate_settle.lua`` per principal of :func:`settle_plans` on ``post``;
+    each is idempotent by request id. Also updates the process-local windows.
+    ``governance.settle.settle`` instead lets a principal's budget settlement carry its
+    windows (one script per principal).
 
     Returns:
         The declared handles.
@@ -384,6 +412,29 @@ def settle(
     Raises:
         ValueError: negative ``actual_tokens``, or another request's outcome.
         BatchClosed: ``post`` is closed.
+    """
+    plans = settle_plans(outcome, request, actual_tokens=actual_tokens, admitted=admitted,
+                         now_ms=now_ms)
+    return declare(post, plans)
+
+
+def settle_plans(
+    outcome: RateOutcome,
+    request: RequestFacts,
+    *,
+    actual_tokens: int,
+    admitted: bool,
+    now_ms: int,
+) -> tuple[RateSettlement, ...]:
+    """What each principal's windows must do after the request (arguments as for
+    :func:`settle`), and the process-local windows updated. Sync.
+
+    One plan per principal that counted the request (or whose answer was lost and that
+    has a parallel slot to release), unless it has nothing to change there (admitted, no
+    parallel slot, and no TPM window or the actual tokens equal the estimate).
+
+    Raises:
+        ValueError: negative ``actual_tokens``, or another request's outcome.
     """
     admission = outcome.admission
     if admission is None:
@@ -394,7 +445,7 @@ def settle(
         raise ValueError("settle() got another request's outcome")
     if isinstance(outcome.decision, Rejected):
         admitted = False
-    handles = []
+    plans = []
     for entry in admission.entries:
         if entry.local_counted and outcome.local is not None:
             outcome.local.windows.settle(
@@ -408,31 +459,56 @@ def settle(
             )
         if entry.counted:
             mode = ADMITTED if admitted else UNDO
+            if mode == ADMITTED and not any(
+                w.kind == PARALLEL
+                or (w.kind == TPM and actual_tokens != admission.estimate_tokens)
+                for w in entry.windows
+            ):
+                # Nothing to change at this principal (its 'r' counts stand, no token
+                # correction, no slot): no script, no marker. A replay finds nothing either.
+                continue
         elif entry.degraded and any(w.kind == PARALLEL for w in entry.windows):
             mode = RELEASE
         else:
             continue
-        handles.append(
-            post.call(
-                SETTLE,
-                keys=[
-                    *(w.key for w in entry.windows),
-                    rate_marker(entry.kind, entry.id, now_ms),
-                ],
-                args=[
-                    admission.request_id,
-                    mode,
-                    admission.bucket,
-                    admission.estimate_tokens,
-                    actual_tokens,
-                    now_ms,
-                    admission.marker_ttl_ms + MARKER_SLICE_MS,  # from the slice's first
-                    *(w.code for w in entry.windows),
-                ],
-                backend=admission.backend,
-                owner=OWNER,
-                # A replay after the marker expired would count twice.
-                replay_window_ms=admission.marker_ttl_ms,
-            )
+        plans.append(RateSettlement(
+            kind=entry.kind,
+            id=entry.id,
+            window_keys=tuple(w.key for w in entry.windows),
+            codes=tuple(w.code for w in entry.windows),
+            request_id=admission.request_id,
+            mode=mode,
+            bucket=admission.bucket,
+            estimate_tokens=admission.estimate_tokens,
+            actual_tokens=actual_tokens,
+            now_ms=now_ms,
+            backend=admission.backend,
+            marker_ttl_ms=admission.marker_ttl_ms,
+        ))
+    return tuple(plans)
+
+
+def declare(post: PostCallBatch, plans: Sequence[RateSettlement]) -> tuple[Handle[object], ...]:
+    """One ``rate_settle.lua`` per plan on ``post``, idempotent by request id (its marker
+    in the principal's tag). Sync.
+
+    Raises:
+        BatchClosed: ``post`` is closed.
+    """
+    return tuple(
+        post.call(
+            SETTLE,
+            keys=[*plan.window_keys, rate_marker(plan.kind, plan.id, plan.now_ms)],
+            args=[
+                plan.request_id,
+                *plan.args(),
+                plan.marker_ttl_ms + MARKER_SLICE_MS,  # from the slice's first marker
+                *plan.codes,
+            ],
+            backend=plan.backend,
+            owner=OWNER,
+            # A replay after the marker expired would count twice.
+            replay_window_ms=plan.marker_ttl_ms,
         )
-    return tuple(handles)
+        for plan in plans
+    )

@@ -16,9 +16,12 @@
 
 local LIMIT = 9007199254740992
 
+-- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
+-- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
+-- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
 local function int(i, min)
-  local v = tonumber(ARGV[i])
-  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  local v = ARGV[i] + 0
+  if v % 1 == 0 and v >= min and v < LIMIT then return v end
   return nil
 end
 
@@ -26,16 +29,21 @@ end
 -- budget_reserve.lua).
 local function lease_clock(caller_ms)
   local t = redis.call('TIME')
-  local server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = t[2] + 0
+  local server_ms = t[1] * 1000 + (us - us % 1000) / 1000
   if caller_ms < server_ms then return caller_ms end
   return server_ms
 end
 
 local n = #KEYS
-local now_ms, lease_ms = int(2, 0), int(3, 1)
-local ok_args = now_ms and lease_ms and #ARGV == 3 + n and n > 0
+local keeps = {}
+local parsed, now_ms, lease_ms = pcall(function()
+  for i = 1, n do keeps[i] = int(3 + i, 0) end
+  return int(2, 0), int(3, 1)
+end)
+local ok_args = parsed and now_ms and lease_ms and #ARGV == 3 + n and n > 0
 for i = 1, n do
-  if not int(3 + i, 0) then ok_args = false end
+  if not keeps[i] then ok_args = false end
 end
 if not ok_args then
   return redis.error_reply('ERR lease_renew: expected request_id, now_ms, lease_ms (> 0), '
@@ -51,7 +59,7 @@ for i = 1, n do
   if score then
     if tonumber(score) < expiry then redis.call('ZADD', key, expiry, request_id) end
     renewed = renewed + 1
-    local keep = int(3 + i, 0)
+    local keep = keeps[i]
     if keep > 0 then
       local ttl = redis.call('PTTL', key)
       if ttl >= 0 and ttl < keep then redis.call('PEXPIRE', key, keep) end

@@ -48,6 +48,11 @@ local BUCKETS = 60
 local WINDOW_TTL_MS = 120000
 local PARALLEL_RETRY_MS = 1000
 local LIMIT = 9007199254740992
+-- A field whose value is longer than hash-max-listpack-value (64 bytes by default) makes
+-- Redis/Valkey store the hash as a hashtable: O(1) field lookups where a listpack (a
+-- window holds up to 62 fields) is scanned per field of every HMGET/HSET. Written with
+-- each new bucket (when the TTL is armed); not a bucket, skipped by every reader.
+local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
 -- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
 -- whose clock is fast must not expire other gateways' live leases. A caller whose clock
@@ -56,24 +61,30 @@ local LIMIT = 9007199254740992
 -- effects, so TIME may precede writes.
 local function lease_clock(caller_ms)
   local t = redis.call('TIME')
-  local server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = t[2] + 0
+  local server_ms = t[1] * 1000 + (us - us % 1000) / 1000
   if caller_ms < server_ms then return caller_ms end
   return server_ms
 end
 
+-- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
+-- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
+-- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
 local function int(i, min)
-  local v = tonumber(ARGV[i])
-  if v and v == math.floor(v) and v >= min and v < LIMIT then return v end
+  local v = ARGV[i] + 0
+  if v % 1 == 0 and v >= min and v < LIMIT then return v end
   return nil
 end
 
 local n = #KEYS
-local now_ms, estimate, lease_ms = int(1, 0), int(3, 0), int(4, 1)
-local ok_args = now_ms and estimate and lease_ms and #ARGV == 4 + 2 * n
 local kinds, limits = {}, {}
+local parsed, now_ms, estimate, lease_ms = pcall(function()
+  for i = 1, n do limits[i] = int(4 + 2 * i, 0) end
+  return int(1, 0), int(3, 0), int(4, 1)
+end)
+local ok_args = parsed and now_ms and estimate and lease_ms and #ARGV == 4 + 2 * n
 for i = 1, n do
   kinds[i] = ARGV[3 + 2 * i]
-  limits[i] = int(4 + 2 * i, 0)
   if not limits[i] or not (kinds[i] == 'r' or kinds[i] == 't' or kinds[i] == 'p') then
     ok_args = false
   end
@@ -104,9 +115,10 @@ for i = 1, n do
   else
     local key = KEYS[i]
     local head = redis.call('HMGET', key, 't', 'o', current_s)
-    local total, low = tonumber(head[1]), tonumber(head[2])
-    bucket_now[i] = tonumber(head[3])
-    local old = {}
+    -- `x and x + 0`: one conversion (see int), false for a missing field.
+    local total, low = head[1] and head[1] + 0, head[2] and head[2] + 0
+    bucket_now[i] = head[3] and head[3] + 0
+    local old = false  -- the stale fields, a table only when there are some
     if total and low and oldest - low <= ROLL_MAX then
       if low < oldest then
         local fields = {}
@@ -116,6 +128,7 @@ for i = 1, n do
           local c = tonumber(counts[j])
           if c then
             total = total - c
+            old = old or {}
             old[#old + 1] = fields[j]
           end
         end
@@ -131,7 +144,8 @@ for i = 1, n do
           total = total + c
           if b < low then low = b end
           if b == current then bucket_now[i] = c end
-        elseif name ~= 't' and name ~= 'o' then
+        elseif name ~= 't' and name ~= 'o' and name ~= PAD_FIELD then
+          old = old or {}
           old[#old + 1] = name
         end
       end
@@ -140,53 +154,60 @@ for i = 1, n do
   end
 end
 
--- The window's buckets in the window, ascending (only when a request is refused).
-local function buckets_of(i)
-  local flat = redis.call('HGETALL', KEYS[i])
-  local list = {}
-  for j = 1, #flat, 2 do
-    local b = tonumber(flat[j])
-    if b and b >= oldest then list[#list + 1] = {b, tonumber(flat[j + 1]) or 0} end
-  end
-  table.sort(list, function(x, y) return x[1] < y[1] end)
-  return list
-end
-
--- When will `need` units have left window i?
-local function retry_after(i, need)
-  local freed = 0
-  for _, bc in ipairs(buckets_of(i)) do
-    freed = freed + bc[2]
-    if freed >= need then return (bc[1] + BUCKETS) * BUCKET_MS - now_ms end
-  end
-  return BUCKETS * BUCKET_MS
-end
-
-local failed, retry_ms = 0, 0
+-- Which windows refuse the request, and how much must leave each (0: a parallel slot).
+local failed, needs = 0, nil
 for i = 1, n do
-  local limit, u, wait = limits[i], used[i], nil
+  local limit, u, need = limits[i], used[i], nil
   if kinds[i] == 'r' then
-    if u + 1 > limit then wait = retry_after(i, u + 1 - limit) end
+    if u + 1 > limit then need = u + 1 - limit end
   elseif kinds[i] == 't' then
-    if u + estimate > limit and u > 0 then
-      wait = retry_after(i, math.min(u, u + estimate - limit))
-    end
+    if u + estimate > limit and u > 0 then need = math.min(u, u + estimate - limit) end
   elseif u + 1 > limit then
-    wait = PARALLEL_RETRY_MS
+    need = 0
   end
-  if wait then
-    if failed == 0 then failed = i end
-    if wait > retry_ms then retry_ms = wait end
+  if need then
+    if failed == 0 then failed, needs = i, {} end
+    needs[i] = need
   end
 end
 
-local result = {0, failed, retry_ms}
 if failed > 0 then
-  for i = 1, n do result[3 + i] = math.max(limits[i] - used[i], 0) end
-  return result
+  -- The window's buckets in the window, ascending. Defined only for a refusal: an
+  -- admission creates no closure it does not call.
+  local function buckets_of(i)
+    local flat = redis.call('HGETALL', KEYS[i])
+    local list = {}
+    for j = 1, #flat, 2 do
+      local b = tonumber(flat[j])
+      if b and b >= oldest then list[#list + 1] = {b, tonumber(flat[j + 1]) or 0} end
+    end
+    table.sort(list, function(x, y) return x[1] < y[1] end)
+    return list
+  end
+  -- When will `need` units have left window i?
+  local function retry_after(i, need)
+    local freed = 0
+    for _, bc in ipairs(buckets_of(i)) do
+      freed = freed + bc[2]
+      if freed >= need then return (bc[1] + BUCKETS) * BUCKET_MS - now_ms end
+    end
+    return BUCKETS * BUCKET_MS
+  end
+  local retry_ms = 0
+  for i = 1, n do
+    local need = needs[i]
+    if need then
+      local wait = PARALLEL_RETRY_MS
+      if kinds[i] ~= 'p' then wait = retry_after(i, need) end
+      if wait > retry_ms then retry_ms = wait end
+    end
+  end
+  local refused = {0, failed, retry_ms}
+  for i = 1, n do refused[3 + i] = math.max(limits[i] - used[i], 0) end
+  return refused
 end
 
-result[1] = 1
+local result = {1, 0, 0}
 for i = 1, n do
   local key = KEYS[i]
   if kinds[i] == 'p' then
@@ -197,18 +218,24 @@ for i = 1, n do
   else
     local add = 1
     if kinds[i] == 't' then add = estimate end
-    if #stale[i] > 0 then redis.call('HDEL', key, unpack(stale[i])) end
+    if stale[i] then redis.call('HDEL', key, unpack(stale[i])) end
     local low = origin[i]
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
       local before = bucket_now[i]
-      redis.call('HSET', key, current_s, string.format('%d', (before or 0) + add),
-        't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
-      -- The TTL is armed by the write that creates a bucket (see the header).
-      if not before then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+      if before then
+        redis.call('HSET', key, current_s, string.format('%d', before + add),
+          't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+      else
+        -- The TTL is armed by the write that creates a bucket (see the header); PAD too.
+        redis.call('HSET', key, current_s, string.format('%d', add),
+          't', string.format('%d', used[i] + add), 'o', string.format('%d', low),
+          PAD_FIELD, PAD)
+        redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+      end
     elseif used[i] == 0 then
       redis.call('DEL', key)  -- nothing left in the window
-    elseif #stale[i] > 0 or redis.call('EXISTS', key) == 1 then
+    elseif stale[i] or redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 't', used[i], 'o', low)
     end
     result[3 + i] = math.max(limits[i] - used[i] - add, 0)

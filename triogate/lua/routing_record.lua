@@ -2,10 +2,15 @@
 -- group's deployments, idempotently by request id, and release its least-busy claim.
 --
 -- Declared on the request's post-call batch (triogate/routing/router.py), one call per
--- group touched. The settler may replay it after an outage: the marker key (SET NX PX,
--- checked here, in the same hash tag {rt:<group>}) makes a replay count nothing twice.
+-- group touched. The settler may replay it after an outage: the request's marker (a field
+-- of the group's markers HASH of the minute the record was declared in, HSETNX here, in
+-- the same hash tag {rt:<group>}) makes a replay count nothing twice. A replay carries the
+-- same keys, so it finds its marker in the same HASH.
 --
--- KEYS[1]      marker         tg:{rt:g}:rec:<request id>
+-- KEYS[1]      markers HASH   tg:{rt:g}:recs:<minute>   field <request id> -> 1, and the
+--              PAD field (below). Versions before this one wrote one STRING per request,
+--              tg:{rt:g}:rec:<request id>: another name, so old and new never misread each
+--              other; a journal replays a record with the keys it was declared with.
 -- KEYS[2]      usage hash of the minute of now_ms   tg:{rt:g}:usage:<minute>
 --              fields rpm:<id>, tpm:<id>, fail:<id> (integers)
 -- KEYS[3]      cooldown hash  tg:{rt:g}:cooldown   field <id> -> until (epoch ms)
@@ -14,12 +19,15 @@
 --
 -- ARGV[1]      now_ms: epoch ms. Time comes from ARGV, never from TIME.
 -- ARGV[2]      request id
--- ARGV[3]      marker_ttl_ms
--- ARGV[4]      usage_ttl_ms: lifetime of the minute's usage hash
+-- ARGV[3]      markers_ttl_ms: how long the markers HASH lives from its first field (the
+--              caller adds a minute, so every marker lives at least its replay window)
+-- ARGV[4]      usage_ttl_ms: lifetime of the minute's usage hash from its creation
 -- ARGV[5]      allowed_fails: failures in one minute that start a cooldown (>= 1)
 -- ARGV[6]      cooldown_ms: length of a cooldown (0 = never cool down)
 -- ARGV[7]      latency_alpha: EWMA weight of a new sample (0 < alpha <= 1)
--- ARGV[8]      latency_ttl_ms: lifetime of the latency hash after its last update
+-- ARGV[8]      latency_ttl_ms: lifetime of the latency hash after its last update, to
+--              within a minute: armed when a deployment's first success of a minute is
+--              recorded, or when its field (so perhaps the hash) is created
 -- ARGV[9+4(k-1) .. 12+4(k-1)]  attempt k: deployment id, outcome ("ok" | "fail"),
 --              tokens (integer; counted on "ok"), latency_ms (decimal; "ok" only)
 --
@@ -27,50 +35,59 @@
 -- On "fail": fail:<id> += 1; when it reaches allowed_fails, the deployment cools down
 -- until max(current until, now + cooldown_ms).
 -- The claim release (ZREM) happens on replays too: it is idempotent by itself.
+-- TTLs are armed only by a write that may have created the key (an HINCRBY answering 1,
+-- a latency field that was absent), not by every record: every key still has one.
 --
 -- Returns: { applied (1 = counted now, 0 = already applied: a replay),
 --            ids of deployments that entered a cooldown ... }
 -- Integers only for counters; no money here.
 
-local now = tonumber(ARGV[1])
+-- `+ 0` converts once where tonumber converts twice (Lua 5.1: lua_isnumber, lua_tonumber).
+local now = ARGV[1] + 0
+local PAD = '------------------------------------------------------------------------'
 local request_id = ARGV[2]
 
 for i = 5, #KEYS do
   redis.call('ZREM', KEYS[i], request_id)
 end
 
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[3]) then
+if redis.call('HSETNX', KEYS[1], request_id, '1') == 0 then
   return { 0 }
 end
+-- The PAD field: HSETNX says whether the HASH is new (then its TTL is armed) and its long
+-- value keeps the HASH a hashtable (a listpack's HSETNX scans every field).
+if redis.call('HSETNX', KEYS[1], '~', PAD) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
 
-local usage_ttl_ms = tonumber(ARGV[4])
-local allowed_fails = tonumber(ARGV[5])
-local cooldown_ms = tonumber(ARGV[6])
-local alpha = tonumber(ARGV[7])
-local latency_ttl_ms = tonumber(ARGV[8])
+local usage_ttl_ms = ARGV[4] + 0
+local allowed_fails = ARGV[5] + 0
+local cooldown_ms = ARGV[6] + 0
+local alpha = ARGV[7] + 0
+local latency_ttl_ms = ARGV[8] + 0
 if allowed_fails < 1 then allowed_fails = 1 end
 
 local out = { 1 }
-local touched_usage = false
-local touched_latency = false
+local arm_usage = false
+local arm_latency = false
 local cooldown_until = 0
 
 for base = 9, #ARGV, 4 do
   local id = ARGV[base]
   local outcome = ARGV[base + 1]
   if outcome == 'ok' then
-    redis.call('HINCRBY', KEYS[2], 'rpm:' .. id, 1)
-    redis.call('HINCRBY', KEYS[2], 'tpm:' .. id, tonumber(ARGV[base + 2]))
-    local sample = tonumber(ARGV[base + 3])
+    local first = redis.call('HINCRBY', KEYS[2], 'rpm:' .. id, 1) == 1
+    redis.call('HINCRBY', KEYS[2], 'tpm:' .. id, ARGV[base + 2])
+    local sample = ARGV[base + 3] + 0
     local old = redis.call('HGET', KEYS[4], id)
     local ewma = sample
-    if old then ewma = alpha * sample + (1 - alpha) * tonumber(old) end
+    if old then ewma = alpha * sample + (1 - alpha) * (old + 0) end
     redis.call('HSET', KEYS[4], id, string.format('%.3f', ewma))
-    touched_usage = true
-    touched_latency = true
+    if first then arm_usage = true end
+    if first or not old then arm_latency = true end
   elseif outcome == 'fail' then
     local fails = redis.call('HINCRBY', KEYS[2], 'fail:' .. id, 1)
-    touched_usage = true
+    if fails == 1 then arm_usage = true end
     if fails >= allowed_fails and cooldown_ms > 0 then
       local until_ms = now + cooldown_ms
       local current = tonumber(redis.call('HGET', KEYS[3], id) or '0')
@@ -82,10 +99,10 @@ for base = 9, #ARGV, 4 do
   end
 end
 
-if touched_usage then
+if arm_usage then
   redis.call('PEXPIRE', KEYS[2], usage_ttl_ms)
 end
-if touched_latency then
+if arm_latency then
   redis.call('PEXPIRE', KEYS[4], latency_ttl_ms)
 end
 if cooldown_until > 0 then

@@ -9,7 +9,11 @@ its group's tag. Layout (``g`` = group, ``d`` = deployment id, ``m`` = epoch min
     tg:{rt:g}:cooldown       HASH  <d> -> cooling down until (epoch ms)
     tg:{rt:g}:latency        HASH  <d> -> latency EWMA (ms, decimal string)
     tg:{rt:g}:inflight:<d>   ZSET  request id -> lease expiry (epoch ms), least-busy claims
-    tg:{rt:g}:rec:<request>  STRING  marker: this request's record was applied (SET NX)
+    tg:{rt:g}:recs:m         HASH  request id -> 1: records applied, declared in minute m
+                                   (HSETNX; plus a PAD field; TTL 10 min + a minute)
+
+Versions before the markers HASH wrote ``tg:{rt:g}:rec:<request>`` (a STRING per
+request, 10 min): another name, so the two never misread each other.
 """
 
 from __future__ import annotations
@@ -62,9 +66,8 @@ def inflight_key(group: str, deployment_id: str) -> str:
     return f"{PREFIX}:{group_tag(group)}:inflight:{deployment_id}"
 
 
-def record_marker_key(group: str, request_id: str) -> str:
-    """Set (NX) when a request's post-call record for ``group`` was applied; guards replays.
-
-    Hash tag ``{rt:<group>}``.
+def record_markers_key(group: str, now_ms: int) -> str:
+    """The HASH whose fields (request ids) say a post-call record for ``group`` declared in
+    the minute of ``now_ms`` was applied; guards replays. Hash tag ``{rt:<group>}``.
     """
-    return f"{PREFIX}:{group_tag(group)}:rec:{request_id}"
+    return f"{PREFIX}:{group_tag(group)}:recs:{minute_of(now_ms)}"

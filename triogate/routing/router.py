@@ -447,7 +447,7 @@ class Router:
             post.call(
                 RECORD_SCRIPT,
                 keys=[
-                    keys.record_marker_key(group, request_id),
+                    keys.record_markers_key(group, now_ms),
                     keys.usage_key(group, now_ms),
                     keys.cooldown_key(group),
                     keys.latency_key(group),
@@ -456,7 +456,8 @@ class Router:
                 args=[
                     now_ms,
                     request_id,
-                    MARKER_TTL_MS,
+                    # from the minute's first marker: every marker lives >= MARKER_TTL_MS
+                    MARKER_TTL_MS + keys.MINUTE_MS,
                     USAGE_TTL_MS,
                     cooldowns.threshold(self._settings.allowed_fails),
                     round(self._settings.cooldown_s * 1000),

@@ -24,11 +24,19 @@ async def one(redis: RespBackend, *command: object) -> object:
     return reply
 
 
+#: The field the scripts write to keep a HASH out of the listpack encoding (its value is
+#: longer than hash-max-listpack-value): not a counter, bucket or marker.
+PAD_FIELD, PAD = "~", b"-" * 72
+
+
 async def hash_ints(redis: RespBackend, key: str) -> dict[str, int]:
-    """A HASH of integers as ``{field: value}``."""
+    """A HASH of integers as ``{field: value}``, without the PAD field (checked)."""
     flat = await one(redis, "HGETALL", key)
     assert isinstance(flat, list)
-    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    out = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
+    if PAD_FIELD in out:
+        assert out.pop(PAD_FIELD) == PAD, (key, out)
+    return {field: int(value) for field, value in out.items()}
 
 
 async def window_buckets(redis: RespBackend, key: str) -> dict[str, int]:

@@ -312,6 +312,22 @@ async def test_budget_settle_refuses_bad_arguments(redis: RespBackend, args: lis
     assert "budget_settle" in reply.reply
 
 
+async def test_markers_hash_of_an_older_version_keeps_its_markers(redis: RespBackend) -> None:
+    """A markers HASH an older version wrote (no PAD field, TTL armed by its first marker)
+    still answers replays, gets the PAD field and a TTL that never lapses."""
+    keys = (*K.as_tuple(), MARKER)
+    with trio.fail_after(5):
+        await one(redis, "HSET", MARKER, "old", "1")
+        await one(redis, "PEXPIRE", MARKER, 30_000)
+        assert (await run(redis, SETTLE, keys, ["old", 5, 0, 60_000]))[0] == 0  # type: ignore[index]
+        assert await one(redis, "HLEN", MARKER) == 1  # a replay writes nothing
+        assert (await run(redis, SETTLE, keys, ["new", 5, 0, 60_000]))[0] == 1  # type: ignore[index]
+        fields = await one(redis, "HKEYS", MARKER)
+        ttl = await one(redis, "PTTL", MARKER)
+    assert isinstance(fields, list) and sorted(fields) == [b"new", b"old", b"~"]
+    assert isinstance(ttl, int) and 30_000 < ttl <= 60_000
+
+
 async def test_markers_of_many_requests_are_fields_of_one_hash(redis: RespBackend) -> None:
     keys = (*K.as_tuple(), MARKER)
     with trio.fail_after(5):
@@ -323,6 +339,56 @@ async def test_markers_of_many_requests_are_fields_of_one_hash(redis: RespBacken
         fields = await one(redis, "HKEYS", MARKER)
         ttl = await one(redis, "PTTL", MARKER)
         spend = await hash_ints(redis, K.counters)
-    assert isinstance(fields, list) and sorted(fields) == [b"a", b"b", b"c", b"d"]
+        encoding = await one(redis, "OBJECT", "ENCODING", MARKER)
+    # "~" is the PAD field: its long value keeps the hash a hashtable (O(1) HSETNX).
+    assert isinstance(fields, list) and sorted(fields) == [b"a", b"b", b"c", b"d", b"~"]
+    assert encoding == b"hashtable"
     assert isinstance(ttl, int) and 0 < ttl <= 50_000
     assert spend["spend"] == 20
+
+
+W_R = "tg:{key:k1}:rl:rpm"
+W_T = "tg:{key:k1}:rl:tpm"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["r1", 5, 0, 1000, "z", 1, 10, 5, 1000, "r", "t"],  # unknown mode
+        ["r1", 5, 0, 1000, "a", 1, 10, 5, 1000, "r"],  # a kind missing
+        ["r1", 5, 0, 1000, "a", 1, 10, 5, 1000, "r", "q"],  # unknown kind
+        ["r1", 5, 0, 1000, "a", -1, 10, 5, 1000, "r", "t"],  # negative bucket
+        ["r1", 5, 0, 1000, "a", 1, "x", 5, 1000, "r", "t"],  # not a number
+        ["r1", 5, 0, 1000],  # windows without their arguments
+    ],
+)
+async def test_budget_settle_with_windows_refuses_bad_arguments(
+    redis: RespBackend, args: list[object]
+) -> None:
+    with trio.fail_after(5):
+        reply = await run(redis, SETTLE, (*K.as_tuple(), MARKER, W_R, W_T), args)
+        written = await one(redis, "EXISTS", MARKER, K.counters, W_R, W_T)
+    assert isinstance(reply, CommandError) and "budget_settle" in reply.reply
+    assert written == 0
+
+
+async def test_budget_settle_with_windows_settles_both_once(redis: RespBackend) -> None:
+    """One call: the hold released, the cost charged, the TPM bucket corrected to the actual
+    tokens, the RPM count left; replays (twice) change nothing anywhere."""
+    now = 1_700_000_000_500
+    bucket = now // 1000
+    with trio.fail_after(5):
+        await load(redis, {K.counters: {"spend": 10, "reserved": 40}, K.holds: {"r1": 40},
+                           K.leases: [("r1", now + 60_000)],
+                           W_R: {str(bucket): 3, "t": 3, "o": bucket},
+                           W_T: {str(bucket): 300, "t": 300, "o": bucket}})
+        args = ["r1", 25, 0, 60_000, "a", bucket, 100, 70, now, "r", "t"]
+        keys = (*K.as_tuple(), MARKER, W_R, W_T)
+        replies = [await run(redis, SETTLE, keys, args) for _ in range(3)]
+        counters = await hash_ints(redis, K.counters)
+        holds = await hash_ints(redis, K.holds)
+        rpm, tpm = await hash_ints(redis, W_R), await hash_ints(redis, W_T)
+    assert replies == [[1, 40, 35], [0, 0, 35], [0, 0, 35]]
+    assert counters == {"spend": 35, "reserved": 0} and holds == {}
+    assert rpm == {str(bucket): 3, "t": 3, "o": bucket}
+    assert tpm == {str(bucket): 270, "t": 270, "o": bucket}

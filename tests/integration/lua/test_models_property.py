@@ -184,3 +184,89 @@ def test_budget_scripts_match_the_ledger_model(
         await redis.aclose()
 
     trio.run(main)
+
+
+merged_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("admit"), st.integers(0, 200), st.integers(0, 400)),
+        st.tuples(st.just("admit"), st.integers(0, 200), st.integers(0, 400)),
+        st.tuples(st.just("settle"), st.integers(0, 50), st.sampled_from("aux"),
+                  st.integers(0, 250), st.integers(0, 400)),
+        st.tuples(st.just("replay"), st.integers(0, 50)),
+        st.tuples(st.just("advance"), st.sampled_from(STEPS_MS)),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(windows=windows_strategy, max_budget=st.integers(0, 1000), ops=merged_ops,
+       start=st.integers(0, 999))
+def test_budget_settle_with_windows_matches_both_models(
+    redis_url: str,
+    windows: list[tuple[str, int]],
+    max_budget: int,
+    ops: list[tuple[object, ...]],
+    start: int,
+) -> None:
+    """budget_settle.lua carrying the principal's rate windows (one script, one marker) does
+    what the ledger model's settle and the window model's settle do together; a replay
+    (any number of times) changes nothing at either."""
+    kinds = [k for k, _ in windows]
+    pid = uuid.uuid4().hex
+    keys = [f"tg:{{key:{pid}}}:w{i}" for i in range(len(windows))]
+    budget = budget_keys("key", pid, 0).as_tuple()
+    windows_model = WindowModel(kinds=kinds, limits=[lim for _, lim in windows])
+    ledger = LedgerModel(max_budget=max_budget)
+
+    async def main() -> None:
+        redis = RespBackend(redis_url, command_timeout_s=5.0)
+        now = BASE_MS + start
+        admitted: list[tuple[str, int, int]] = []  # (request id, bucket, estimate tokens)
+        settled: list[tuple[list[object], list[object]]] = []  # (keys, args) as declared
+        flat: list[object] = []
+        for kind, limit in windows:
+            flat += [kind, limit]
+        with trio.fail_after(30):
+            for n, op in enumerate(ops):
+                if op[0] == "admit":
+                    rid, tokens, cost = f"r{n}", int(op[1]), int(op[2])  # type: ignore[call-overload]
+                    reply = await run(redis, ADMIT, keys, [now, rid, tokens, LEASE_MS, *flat])
+                    assert reply == windows_model.admit(rid, tokens, now, LEASE_MS), op
+                    held = await run(redis, RESERVE, budget,
+                                     [now, rid, cost, max_budget, LEASE_MS, 0])
+                    assert held == ledger.reserve(rid, 0, cost, now, LEASE_MS), op
+                    assert isinstance(reply, list)
+                    if reply[0] == 1:
+                        admitted.append((rid, now // 1000, tokens))
+                elif op[0] == "settle" and admitted:
+                    rid, bucket, estimate = admitted.pop(int(op[1]) % len(admitted))  # type: ignore[call-overload]
+                    mode, tokens, cost = str(op[2]), int(op[3]), int(op[4])  # type: ignore[call-overload]
+                    settle_keys: list[object] = [*budget, budget_marker("key", pid, now), *keys]
+                    args: list[object] = [rid, cost, 0, 600_000, mode, bucket, estimate, tokens,
+                                          now, *kinds]
+                    reply = await run(redis, BUDGET_SETTLE, settle_keys, args)
+                    assert reply == ledger.settle(rid, 0, cost), op
+                    assert windows_model.settle(rid, mode, bucket, estimate, tokens, now) == 1
+                    settled.append((settle_keys, args))
+                elif op[0] == "replay" and settled:
+                    settle_keys, args = settled[int(op[1]) % len(settled)]  # type: ignore[call-overload]
+                    reply = await run(redis, BUDGET_SETTLE, settle_keys, args)  # type: ignore[arg-type]
+                    assert reply == [0, 0, ledger.spend.get(0, 0)], op
+                elif op[0] == "advance":
+                    now += int(op[1])  # type: ignore[call-overload]
+                counters = await hash_ints(redis, budget[0])
+                assert counters.get("spend", 0) == ledger.spend.get(0, 0)
+                assert counters.get("reserved", 0) == ledger.reserved(0)
+                for i, (key, kind) in enumerate(zip(keys, kinds, strict=True)):
+                    if kind == "p":
+                        used = await one(redis, "ZCOUNT", key, f"({now}", "+inf")
+                    else:
+                        oldest = now // 1000 - 59
+                        fields = await window_buckets(redis, key)
+                        assert all(v > 0 for v in fields.values())
+                        used = sum(v for b, v in fields.items() if int(b) >= oldest)
+                    assert used == windows_model.used(i, now), (op, i)
+        await redis.aclose()
+
+    trio.run(main)

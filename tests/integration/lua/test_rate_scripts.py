@@ -161,6 +161,27 @@ async def test_rate_admit_arms_the_ttl_when_a_bucket_is_created(redis: RespBacke
     assert counts == [{str(CUR): 51, str(CUR + 1): 1}, {str(CUR): 255, str(CUR + 1): 5}]
 
 
+async def test_windows_are_hashtables_and_older_listpack_windows_still_count(
+    redis: RespBackend,
+) -> None:
+    """A window's new bucket brings the PAD field (a value longer than
+    hash-max-listpack-value), so HMGET/HSET look fields up in O(1); a window an older
+    version wrote (a listpack, no PAD) is read the same and converted by its next bucket."""
+    with trio.fail_after(5):
+        await load(redis, {R: {str(CUR - 3): 2, "t": 2, "o": CUR - 3}})
+        assert await one(redis, "OBJECT", "ENCODING", R) == b"listpack"
+        reply = await run(redis, ADMIT, [R], _args([(R, "r", 10)], 5))
+        encoding = await one(redis, "OBJECT", "ENCODING", R)
+        buckets = await window_buckets(redis, R)
+        rejected = await run(redis, ADMIT, [R], _args([(R, "r", 3)], 5))
+        after_rejection = await window_buckets(redis, R)
+    assert reply == [1, 0, 0, 7]
+    assert encoding == b"hashtable"
+    assert buckets == {str(CUR - 3): 2, str(CUR): 1}
+    assert isinstance(rejected, list) and rejected[:2] == [0, 1]
+    assert after_rejection == buckets  # a rejection writes nothing
+
+
 async def test_rate_settle_arms_the_ttl_only_when_it_creates_a_bucket(
     redis: RespBackend,
 ) -> None:

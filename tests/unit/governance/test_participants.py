@@ -13,6 +13,7 @@ from triogate.governance.decisions import Allowed, Rejected, first_rejected
 from triogate.governance.keys import MARKER_SLICE_MS, budget_keys, principal_tag, rate_window_key
 from triogate.governance.local import LocalGovernance
 from triogate.governance.principals import Limits
+from triogate.governance.settle import settle as settle_together
 
 from .support import NOW_MS, identity, names, request, scripted, settings, split
 
@@ -310,7 +311,10 @@ async def test_settle_after_success_declares_one_idempotent_call_per_principal()
     backend = RecordingBackend(respond=scripted())
     b, r, _ = await run_checks(backend, identity(**FULL))  # type: ignore[arg-type]
     calls = await settle_both(b, r, actual_nanousd=777, actual_tokens=80, admitted=True)
-    assert [c[0] for c in calls] == ["budget_settle"] * 4 + ["rate_settle"] * 4
+    # The team has only an RPM window: an admitted request changes nothing there, so it
+    # gets no rate_settle (key: TPM + slot, user: TPM, end user: slot).
+    assert [c[0] for c in calls] == ["budget_settle"] * 4 + ["rate_settle"] * 3
+    assert not any(name == "rate_settle" and "team:" in keys[0] for name, keys, _ in calls)
     for name, keys, args in calls:
         # the markers HASH of the settlement's minute, in the principal's tag (the request
         # id is its field)
@@ -321,6 +325,61 @@ async def test_settle_after_success_declares_one_idempotent_call_per_principal()
         else:
             assert args[:6] == ["req-1", "a", str(NOW_MS // 1000), "50", "80",
                                 str(NOW_MS + 5_000)]
+
+
+async def test_settle_together_sends_one_script_per_principal() -> None:
+    """governance.settle: a principal with a budget and rate windows to settle gets ONE
+    budget_settle carrying its windows (after its budget arguments, rate_settle's mode ..
+    now_ms and the kinds); principals with only one of the two get the lone script, with
+    the same arguments as before. Every key of a call in the principal's tag."""
+    backend = RecordingBackend(respond=scripted())
+    b, r, _ = await run_checks(backend, identity(**FULL))  # type: ignore[arg-type]
+    alone = await settle_both(b, r, actual_nanousd=777, actual_tokens=80, admitted=True)
+    settler = Settler({"counters": RecordingBackend()})
+    req = request()
+    async with open_post_call_batch(settler, trace_id="t") as post:
+        handles = settle_together(post, req, budget_outcome=b, rate_outcome=r,  # type: ignore[arg-type]
+                                  actual_nanousd=777, actual_tokens=80, admitted=True,
+                                  now_ms=NOW_MS + 5_000)
+    together = [split(c.wire()) for c in post.commands]
+    assert len(handles) == len(together)
+    # key: budget + TPM + slot; end user: budget + slot -> merged. user: TPM only -> alone.
+    # team: budget (its RPM needs nothing) and the tag: budget only -> budget_settle alone.
+    assert [c[0] for c in together] == ["budget_settle"] * 4 + ["rate_settle"]
+    lone_budget = {k[0]: (k, a) for n, k, a in alone if n == "budget_settle"}
+    lone_rate = {k[0].split("}")[0]: (k, a) for n, k, a in alone if n == "rate_settle"}
+    merged = 0
+    for name, keys, args in together:
+        assert {k.split("}")[0] for k in keys} == {keys[0].split("}")[0]}
+        if name == "rate_settle":
+            assert (keys, args) == lone_rate[keys[0].split("}")[0]]
+            continue
+        budget_keys_, budget_args = lone_budget[keys[0]]
+        assert keys[:4] == budget_keys_ and args[:4] == budget_args
+        rate = lone_rate.get(keys[0].split("}")[0])
+        if rate is None:
+            assert len(keys) == 4 and len(args) == 4
+            continue
+        merged += 1
+        rate_keys, rate_args = rate
+        assert keys[4:] == rate_keys[:-1]  # its windows, not its own marker
+        # rate_settle: request id, mode .. now_ms, marker TTL, kinds
+        assert args[4:] == rate_args[1:6] + rate_args[7:]
+    assert merged == 2
+
+
+async def test_settle_skips_principals_with_nothing_to_change() -> None:
+    """Admitted, no parallel slot and the actual tokens equal to the estimate: no script
+    at all for the rate windows (an RPM count stands; a TPM reservation is exact)."""
+    backend = RecordingBackend(respond=scripted())
+    who = identity(key=Limits(rpm=10, tpm=1000), team=Limits(rpm=100))
+    b, r, _ = await run_checks(backend, who)
+    exact = await settle_both(b, r, actual_nanousd=0, actual_tokens=50, admitted=True)
+    assert exact == []
+    corrected = await settle_both(b, r, actual_nanousd=0, actual_tokens=51, admitted=True)
+    assert [(n, a[1]) for n, _, a in corrected] == [("rate_settle", "a")]
+    undone = await settle_both(b, r, actual_nanousd=0, actual_tokens=0, admitted=False)
+    assert [(n, a[1]) for n, _, a in undone] == [("rate_settle", "u")] * 2
 
 
 async def test_settle_after_a_rejection_undoes_only_what_was_counted() -> None:

@@ -71,13 +71,13 @@ async def test_one_call_per_group_touched(autojump_clock: MockClock) -> None:
     for command, group in ((g, "g"), (fb, "fb")):
         assert {hash_tag(text(k)) for k in command.keys} == {f"rt:{group}"}
         assert [text(k) for k in command.keys] == [
-            keys.record_marker_key(group, "r-7"),
+            keys.record_markers_key(group, NOW_MS),
             keys.usage_key(group, NOW_MS),
             keys.cooldown_key(group),
             keys.latency_key(group),
         ]
         assert [text(a) for a in command.args[:8]] == [
-            str(NOW_MS), "r-7", str(MARKER_TTL_MS), "120000", "2", "7500", "0.3", "3600000"
+            str(NOW_MS), "r-7", str(MARKER_TTL_MS + 60_000), "120000", "2", "7500", "0.3", "3600000"
         ]
     assert attempts_args(g) == ["a", "fail", "0", "0", "b", "fail", "0", "0"]
     assert attempts_args(fb) == ["x", "ok", "321", "42.500"]
@@ -125,7 +125,7 @@ async def test_facts_override_the_request_id(autojump_clock: MockClock) -> None:
     state = state_of(CONFIG, claimed="a", request_id="old")
     facts = RoutingFacts(request_id="new", now_ms=NOW_MS)
     _, commands = await recorded(state, None, facts=facts)
-    assert text(commands[0].keys[0]) == keys.record_marker_key("g", "new")
+    assert text(commands[0].keys[0]) == keys.record_markers_key("g", NOW_MS)
 
 
 async def test_record_teaches_the_mirror_the_tokens(autojump_clock: MockClock) -> None:
