@@ -257,7 +257,7 @@ class TriogateSettings:
     tracing: bool = False
     log_prompts: bool = False
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
-    shutdown_grace_s: float = attrs.field(default=10.0, validator=_non_negative)
+    shutdown_grace_s: float = attrs.field(default=5.0, validator=_non_negative)
     post_call_deadline_s: float = attrs.field(default=1.0, validator=_positive)
     spend_log_interval_s: float = attrs.field(default=1.0, validator=_positive)
     spend_log_batch_rows: int = attrs.field(default=500, validator=_positive)
@@ -267,6 +267,12 @@ class TriogateSettings:
     #: Requests one worker serves at once; beyond, a request is answered 503 at once
     #: (``Retry-After``) instead of queueing behind the others. 0: no limit.
     max_in_flight: int = attrs.field(default=1000, validator=_non_negative)
+    #: Requests one worker runs through the pre-call checks at once (``api/gate.py``);
+    #: the others wait, in arrival order, up to ``max_admission_wait_s``, then get 503
+    #: with ``Retry-After``. Bounds the CPU queue in front of the Redis round trip, so
+    #: checks are not failed open under a burst. 0: no bound.
+    max_admitting: int = attrs.field(default=64, validator=_non_negative)
+    max_admission_wait_s: float = attrs.field(default=5.0, validator=_non_negative)
 
 
 @attrs.frozen(kw_only=True)

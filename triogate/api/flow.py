@@ -32,6 +32,7 @@ import trio
 
 from triogate.api import admission, controls, settlement, sse
 from triogate.api.errors import ApiError, from_provider, from_rejection
+from triogate.api.gate import overloaded
 from triogate.api.http import Response, StreamResponse
 from triogate.cache.replay import replay
 from triogate.errors import ProviderError, TranslationError
@@ -61,7 +62,14 @@ async def serve(services: Services, call: Call) -> Response:
     Settles exactly once whatever happens after admission (see the module docstring).
     """
     call.request.authenticated = True  # admission checks the key first of all
-    admitted = await admission.admit(services, call)
+    gate = services.gate
+    if not await gate.enter():
+        raise overloaded(call.style, "the gateway is busy with other requests' checks; "
+                         "retry shortly")
+    try:
+        admitted = await admission.admit(services, call)
+    finally:
+        gate.leave()
     try:
         if admitted.rejection is not None:
             error = from_rejection(admitted.rejection)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from triogate.api.gate import AdmissionGate
 from triogate.routing.models import ModelNames
 
 if TYPE_CHECKING:
@@ -72,3 +73,8 @@ class Services:
     #: Model names as clients send them: groups, aliases, wildcards.
     models: ModelNames = attrs.field(
         default=attrs.Factory(lambda self: ModelNames(self.config), takes_self=True))
+    #: How many requests run their pre-call checks at once (``api/gate.py``).
+    gate: AdmissionGate = attrs.field(default=attrs.Factory(
+        lambda self: AdmissionGate(self.config.settings.max_admitting,
+                                   self.config.settings.max_admission_wait_s),
+        takes_self=True))
