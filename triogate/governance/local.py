@@ -21,6 +21,7 @@ Everything is sync and never blocks.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Generic, TypeVar, final
 
 import attrs
@@ -61,8 +62,31 @@ class _Bounded(Generic[K, V]):
 
 @attrs.define
 class _Account:
+    """A principal's period: spend, and holds in the order they expire.
+
+    Holds are written with ``now + lease_ms`` and one ``lease_ms`` per process, so the
+    order they were taken is the order they expire: expired ones are popped from the front
+    and ``reserved`` is kept as a running total, O(1) per request however many are in
+    flight (summing them was O(concurrency) per request at 1,024 connections).
+    """
+
     spend_nanousd: int = 0
-    holds: dict[str, tuple[int, int]] = attrs.Factory(dict)  # request id -> (amount, expiry ms)
+    reserved_nanousd: int = 0
+    holds: OrderedDict[str, tuple[int, int]] = attrs.Factory(OrderedDict)  # id -> (amount, expiry)
+
+    def purge(self, now_ms: int) -> None:
+        holds = self.holds
+        while holds:
+            amount, expires_ms = holds[next(iter(holds))]
+            if expires_ms > now_ms:
+                return
+            holds.popitem(last=False)
+            self.reserved_nanousd -= amount
+
+    def release(self, request_id: str) -> None:
+        hold = self.holds.pop(request_id, None)
+        if hold is not None:
+            self.reserved_nanousd -= hold[0]
 
 
 @final
@@ -105,11 +129,9 @@ class LocalBudgets:
     ) -> LocalBudgetVerdict:
         """Check and reserve as ``budget_reserve.lua`` does, against local state."""
         account = self._accounts.get((kind, principal_id, period), _Account)
-        for rid, (_, expires_ms) in list(account.holds.items()):
-            if expires_ms <= now_ms:
-                del account.holds[rid]
+        account.purge(now_ms)
         spend = account.spend_nanousd
-        reserved = sum(amount for amount, _ in account.holds.values())
+        reserved = account.reserved_nanousd
         used = spend + reserved
         held = request_id in account.holds
         over = used + amount_nanousd > max_budget_nanousd and not (
@@ -118,6 +140,7 @@ class LocalBudgets:
         if held or over:
             return LocalBudgetVerdict(admitted=held, spend_nanousd=spend, reserved_nanousd=reserved)
         account.holds[request_id] = (amount_nanousd, now_ms + lease_ms)
+        account.reserved_nanousd += amount_nanousd
         return LocalBudgetVerdict(
             admitted=True, spend_nanousd=spend, reserved_nanousd=reserved + amount_nanousd
         )
@@ -127,7 +150,7 @@ class LocalBudgets:
     ) -> None:
         """Release the request's local hold (if any) and add its actual cost to the spend."""
         account = self._accounts.get((kind, principal_id, period), _Account)
-        account.holds.pop(request_id, None)
+        account.release(request_id)
         account.spend_nanousd += actual_nanousd
 
 
@@ -158,13 +181,21 @@ class LocalWindows:
 
     def __init__(self, max_entries: int) -> None:
         self._counts: _Bounded[str, dict[int, int]] = _Bounded(max_entries)
-        self._slots: _Bounded[str, dict[str, int]] = _Bounded(max_entries)
+        #: Parallel slots per window in the order they expire (one ``lease_ms`` per
+        #: process): expired ones leave from the front, live ones are counted by len().
+        self._slots: _Bounded[str, OrderedDict[str, int]] = _Bounded(max_entries)
+
+    def _live_slots(self, key: str, now_ms: int) -> OrderedDict[str, int] | None:
+        slots = self._slots.data.get(key)
+        while slots and slots[next(iter(slots))] <= now_ms:
+            slots.popitem(last=False)
+        return slots
 
     def used(self, window: Window, now_ms: int) -> int:
         """Requests or tokens counted in the window now, or live slots."""
         if window.kind == "parallel":
-            slots = self._slots.data.get(window.key, {})
-            return sum(1 for expires_ms in slots.values() if expires_ms > now_ms)
+            slots = self._live_slots(window.key, now_ms)
+            return len(slots) if slots else 0
         oldest = now_ms // BUCKET_MS - BUCKETS + 1
         counts = self._counts.data.get(window.key, {})
         return sum(c for b, c in counts.items() if b >= oldest)
@@ -211,11 +242,9 @@ class LocalWindows:
         remaining = []
         for w, u in zip(windows, used, strict=True):
             if w.kind == "parallel":
-                slots = self._slots.get(w.key, dict)
-                for rid, expires_ms in list(slots.items()):
-                    if expires_ms <= now_ms:
-                        del slots[rid]
-                slots[request_id] = now_ms + lease_ms
+                slots = self._slots.get(w.key, OrderedDict)
+                slots[request_id] = now_ms + lease_ms  # used() purged the expired ones
+                slots.move_to_end(request_id)
                 remaining.append(max(w.limit - u - 1, 0))
                 continue
             add = 1 if w.kind == "rpm" else estimate_tokens
