@@ -329,7 +329,8 @@ class Connection:
         self._status_error = 0
         self._head_only = message.method == "HEAD"
         try:
-            await self.app(self._scope(message), self.receive, self.send)
+            scope = self._scope(message)
+            await self.app(scope, self.receive, self.send)
         except Exception:
             logger.exception("error in ASGI application")
             self._keep = False

@@ -86,6 +86,8 @@ class _Server:
         self.connections.add(conn)
         try:
             await conn.run()
+        except Exception:  # a bug here must cost one connection, never the server
+            logger.exception("connection failed")
         finally:
             self.connections.discard(conn)
             sock.close()
