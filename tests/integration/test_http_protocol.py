@@ -37,6 +37,10 @@ class App:
         if path == "/stream":
             await self._stream(receive, send)
             return
+        if path == "/nocontent":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
         body = b""
         while True:
             message = await receive()
@@ -216,3 +220,28 @@ async def test_a_failing_app_is_a_500_without_its_traceback(gateway: tuple[App, 
             assert b"secret" not in answer and b"Traceback" not in answer
             assert b"set-cookie" not in answer
             assert orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]["type"] == "api_error"
+
+
+async def test_targets_bodiless_answers_and_an_http_1_0_stream(gateway: tuple[App, int]) -> None:
+    application, port = gateway
+    with trio.fail_after(20):
+        answer = await exchange(port, b"GET http://gw.example/abs?q=1 HTTP/1.1\r\n\r\n"
+                                      b"GET /a%20b HTTP/1.1\r\n\r\n"
+                                      b"GET /nocontent HTTP/1.1\r\n\r\n"
+                                      b"GET /last HTTP/1.1\r\nconnection: close\r\n\r\n")
+        first, second, third, last = answer.split(b"HTTP/1.1 ")[1:]
+        assert first.endswith(b"GET /abs q=1 ") and second.endswith(b"GET /a b  ")
+        assert third.startswith(b"204 No Content\r\n") and third.endswith(b"\r\n\r\n")
+        assert b"content-length" not in third and b"transfer-encoding" not in third
+        assert last.endswith(b"GET /last  ")
+        # HTTP/1.0 has no chunked encoding: the stream's end is the connection's.
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /stream HTTP/1.0\r\n\r\n")
+        seen = b""
+        while seen.count(b"tick") < 3:
+            seen += await stream.receive_some(65536)
+        head, _, body = seen.partition(b"\r\n\r\n")
+        assert b"transfer-encoding" not in head and b"connection: close" in head
+        assert body.startswith(b"tick\ntick\n")
+        await stream.aclose()
+        await application.disconnected.wait()
