@@ -37,6 +37,9 @@ class App:
         if path == "/stream":
             await self._stream(receive, send)
             return
+        if path == "/flood":  # as fast as the socket takes it
+            await self._stream(receive, send, chunk=b"x" * 65536, pause_s=0)
+            return
         if path == "/nocontent":
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
@@ -61,7 +64,8 @@ class App:
         await send({"type": "http.response.body", "body": answer})
         self.events.append((await receive())["type"])  # after the response: disconnect
 
-    async def _stream(self, receive: Any, send: Any) -> None:
+    async def _stream(self, receive: Any, send: Any, *, chunk: bytes = b"tick\n",
+                      pause_s: float = 0.02) -> None:
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
                 message = await receive()
@@ -74,15 +78,15 @@ class App:
             nursery.start_soon(watch)
             await send({"type": "http.response.start", "status": 200, "headers": []})
             while True:
-                await send({"type": "http.response.body", "body": b"tick\n", "more_body": True})
-                await trio.sleep(0.02)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await trio.sleep(pause_s)
 
 
 @pytest.fixture
 async def gateway(nursery: trio.Nursery) -> AsyncIterator[tuple[App, int]]:
     shutdown = trio.Event()
     application = App()
-    config = ServerConfig(body_read_timeout_s=0.3, error_body=error_body)
+    config = ServerConfig(body_read_timeout_s=0.3, write_timeout_s=0.5, error_body=error_body)
     (url,) = await nursery.start(partial(serve, application, config, shutdown=shutdown))
     yield application, int(url.rsplit(":", 1)[1])
     shutdown.set()
@@ -245,3 +249,41 @@ async def test_targets_bodiless_answers_and_an_http_1_0_stream(gateway: tuple[Ap
         assert body.startswith(b"tick\ntick\n")
         await stream.aclose()
         await application.disconnected.wait()
+
+
+async def test_a_client_that_stops_reading_is_gone_after_the_write_timeout(
+    gateway: tuple[App, int],
+) -> None:
+    application, port = gateway
+    with trio.fail_after(20):
+        sock = trio.socket.socket()
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await sock.connect(("127.0.0.1", port))
+        stream = trio.SocketStream(sock)
+        await stream.send_all(b"GET /flood HTTP/1.1\r\n\r\n")
+        # Never read: once the socket is full, a write waits 0.5 s, then the server
+        # treats the client as gone and the app's receive() says so.
+        await application.disconnected.wait()
+        assert application.events == ["stream disconnect"]
+        await stream.aclose()
+
+
+async def test_read_ahead_is_bounded_and_a_client_gone_is_still_noticed(
+    gateway: tuple[App, int],
+) -> None:
+    application, port = gateway
+    with trio.fail_after(20):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /stream HTTP/1.1\r\n\r\n")
+        seen = b""
+        while b"tick" not in seen:
+            seen += await stream.receive_some(65536)
+        # 2.4 MB of further requests while the stream runs: the server reads ahead at
+        # most 64 KiB of them, then stops reading until the response ends, so the
+        # client's sending stalls once the kernel's buffers are full (backpressure).
+        with trio.move_on_after(1) as stalled:
+            await stream.send_all(b"GET /next HTTP/1.1\r\n\r\n" * 100_000)
+        assert stalled.cancelled_caught
+        await stream.aclose()  # gone: its writes fail, and the app hears of it
+        await application.disconnected.wait()
+    assert application.events == ["stream disconnect"]

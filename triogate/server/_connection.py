@@ -252,6 +252,8 @@ class Connection:
         self._keep = False
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+        if self._watch is not None:  # also when it stopped reading (read-ahead full)
+            self._watch.cancel()
 
     # ------------------------------------------------------------------ the loop
 
