@@ -2,10 +2,10 @@
 
 ``open_gateway(config)`` is the app nursery: it owns the Redis client (and the embedded
 server when no ``redis_url`` is set), the settler, the SQL store and its spend-log
-writer, the provider HTTP clients and the identity resolver. ``serve`` runs hypercorn's
-trio worker inside it. Shutdown order: stop accepting, let in-flight requests finish
-(bounded by ``shutdown_grace_s``), then drain the settler and the spend-log writer, then
-close clients and stop the embedded server.
+writer, the provider HTTP clients and the identity resolver. ``serve`` runs the HTTP
+server (:mod:`triogate.server`) inside it. Shutdown order: stop accepting, let in-flight
+requests finish (bounded by ``shutdown_grace_s``), then drain the settler and the
+spend-log writer, then close clients and stop the embedded server.
 """
 
 from __future__ import annotations
@@ -23,12 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.config import Sockets
-from hypercorn.trio.run import worker_serve
-from hypercorn.utils import wrap_app
 
-from triogate.api import connections, h11_writes, protocol_errors
+from triogate.api import protocol_errors
 from triogate.api.asgi import GatewayASGI
 from triogate.api.services import Health, Services
 from triogate.batch import (
@@ -52,6 +48,8 @@ from triogate.otel import SpanExporter
 from triogate.providers import build_providers
 from triogate.redis_server import open_embedded_server
 from triogate.routing.router import Router
+from triogate.server import ServerConfig
+from triogate.server import serve as serve_http
 from triogate.store import open_store
 from triogate.store.spendlog import SpendLogWriter
 
@@ -103,7 +101,7 @@ async def load_scripts(backend: RespBackend | ClusterBackend) -> int:
 #: one often enough to walk every object of the imports: the stalls behind the tail.
 GC_THRESHOLDS = (20_000, 20, 20)
 #: Pending connections the kernel queues for accept (capped by net.core.somaxconn).
-#: hypercorn's default of 100 drops the SYNs of a burst of new connections, which then
+#: A backlog of 100 (hypercorn's default) drops the SYNs of a burst of new connections, which then
 #: wait for the client's retransmission (1 s, 3 s, 7 s...) before the gateway sees them:
 #: at 4,096 connections most of them, so the in-flight limit could not even refuse them.
 LISTEN_BACKLOG = 4096
@@ -275,21 +273,19 @@ async def open_gateway(
             nursery.cancel_scope.cancel()
 
 
-def hypercorn_config(config: GatewayConfig, *, host: str, port: int) -> HypercornConfig:
-    """Hypercorn's settings for the gateway (graceful timeout = shutdown grace)."""
-    protocol_errors.install()  # 400/431 from the HTTP layer: JSON body, x-request-id
-    connections.install()  # closed when the client closes; a stalled request times out
-    h11_writes.install()  # a response's head leaves with its body: one write, not three
-    hconfig = connections.GatewayHttpConfig()
-    hconfig.body_read_timeout_s = config.settings.http.body_read_timeout_s
-    hconfig.bind = [f"{host}:{port}"]
-    hconfig.graceful_timeout = config.settings.shutdown_grace_s
-    hconfig.accesslog = None
-    hconfig.errorlog = logging.getLogger("hypercorn.error")
-    hconfig.keep_alive_timeout = 75
-    hconfig.max_app_queue_size = 64
-    hconfig.backlog = LISTEN_BACKLOG
-    return hconfig
+#: An idle kept-alive client connection is closed after this long.
+KEEP_ALIVE_S = 75.0
+
+
+def server_config(config: GatewayConfig) -> ServerConfig:
+    """The HTTP server's settings for the gateway (its grace period is the shutdown grace)."""
+    return ServerConfig(
+        keep_alive_s=KEEP_ALIVE_S,
+        body_read_timeout_s=config.settings.http.body_read_timeout_s,
+        shutdown_grace_s=config.settings.shutdown_grace_s,
+        backlog=LISTEN_BACKLOG,
+        error_body=protocol_errors.error_body,  # 400/408/431/500: JSON body, x-request-id
+    )
 
 
 async def _signals(
@@ -341,27 +337,21 @@ async def serve(
     the services (tests use both).
     """
     shutdown = shutdown if shutdown is not None else trio.Event()
-    hconfig = hypercorn_config(config, host=host, port=port)
-    sockets = None
-    if listen_fd is not None:
-        sock = socket.socket(fileno=listen_fd)
-        sock.listen(LISTEN_BACKLOG)  # hypercorn listens only on sockets it binds itself
-        sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+    settings = server_config(config)
+    sock = socket.socket(fileno=listen_fd) if listen_fd is not None else None
     async with trio.open_nursery() as outer:
         if handle_signals:
             await outer.start(_signals, shutdown, outer.cancel_scope)
         if listen_fd is not None:
             outer.start_soon(_watch_parent, shutdown, os.getppid())
         async with open_gateway(config, clock_ms=clock_ms) as services:
-            app: Any = GatewayASGI(services)  # a raw ASGI 3 callable (hypercorn's types are narrow)
-            asgi = wrap_app(app, hconfig.wsgi_max_body_size, "asgi")
+            app = GatewayASGI(services)
             tune_gc()
             async with trio.open_nursery() as server:
-                binds = await server.start(
-                    partial(worker_serve, asgi, hconfig, sockets=sockets,
-                            shutdown_trigger=shutdown.wait)
-                )
-                task_status.started((binds, services))
-            # hypercorn returned: it stopped accepting and in-flight requests finished
+                urls = await server.start(partial(
+                    serve_http, app, settings, shutdown=shutdown, host=host, port=port,
+                    sock=sock))
+                task_status.started((urls, services))
+            # The server returned: it stopped accepting and in-flight requests finished
             # (or hit the grace period). open_gateway's exit drains the settler.
         outer.cancel_scope.cancel()

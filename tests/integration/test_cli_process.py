@@ -14,7 +14,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What an admin command must never import: the server, the database layer, the gateway.
-HEAVY = ("hypercorn", "sqlalchemy", "triogate.app", "triogate.store", "triogate.api")
+HEAVY = ("triogate.server", "httptools", "hypercorn", "sqlalchemy", "triogate.app",
+         "triogate.store", "triogate.api")
 
 
 def triogate(*argv: str, cwd: Path, python: tuple[str, ...] = ()

@@ -146,7 +146,8 @@ class GatewayASGI:
         raise ApiError(404, f"no route {request.method} {request.path}", "not_found_error")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        # The app nursery is owned by app.serve, outside hypercorn: nothing to start here.
+        # The app nursery is owned by app.serve, outside the server: nothing to start here
+        # (triogate.server does not run lifespan; an ASGI server that does finds it answered).
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":

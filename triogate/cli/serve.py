@@ -1,7 +1,7 @@
 """``triogate serve``: load the config, refuse unsafe addresses, run one worker or supervise many.
 
 Imported only when ``serve`` runs (``triogate.cli`` dispatches lazily): this module may
-pull in trio; the gateway itself (hypercorn, SQLAlchemy, ``triogate.app``) is imported
+pull in trio; the gateway itself (its HTTP server, SQLAlchemy, ``triogate.app``) is imported
 only once the config has loaded.
 """
 

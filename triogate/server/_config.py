@@ -1,0 +1,45 @@
+"""The server's settings (units in the names) and its default protocol-error body."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    #: ``status -> (body, headers)``: what a protocol error (400, 408, 431, 500) carries.
+    ErrorBody = Callable[[int], tuple[bytes, list[tuple[bytes, bytes]]]]
+
+
+def plain_error(status: int) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A protocol error as one line of text (applications pass their own shape)."""
+    return b"%d\n" % status, [(b"content-type", b"text/plain; charset=utf-8")]
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """How :func:`triogate.server.serve` treats its connections.
+
+    ``keep_alive_s``: an idle connection (no request, none partly received) is closed
+    after this long. ``body_read_timeout_s``: the longest a partly received request (head
+    or body) may go without a byte; then it is answered 408 and closed (``None``: no
+    bound). ``shutdown_grace_s``: how long requests in flight may take to finish once
+    shutdown starts. ``max_head_bytes``: a longer request head is answered 431 (16 KiB,
+    h11's and hypercorn's default). ``write_timeout_s``: a write that cannot make
+    progress this long means the client stopped reading; it is treated as gone.
+    ``max_pipelined_bytes``: while a response is in flight, how much of the client's next
+    requests is read ahead (beyond it, reading pauses until the response is done).
+    ``backlog``: the kernel's listen queue. ``error_body``: the body and headers of the
+    server's own error answers.
+    """
+
+    keep_alive_s: float = 75.0
+    body_read_timeout_s: float | None = 30.0
+    shutdown_grace_s: float = 10.0
+    max_head_bytes: int = 16 * 1024
+    write_timeout_s: float = 75.0
+    max_pipelined_bytes: int = 64 * 1024
+    backlog: int = 4096
+    error_body: ErrorBody = plain_error

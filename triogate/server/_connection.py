@@ -1,0 +1,544 @@
+"""One HTTP/1.1 connection: parse with httptools, run the ASGI app, write straight to the socket.
+
+The connection's task reads, runs the application for each request in turn (pipelined
+requests are answered in order, one at a time) and closes. There is no reader task next
+to the application: ``receive()`` reads the socket itself when it needs bytes, for the
+body, or, once the body is in, to notice that the client went away (``http.disconnect``).
+So a request costs no task, no queue and no lock of the server's.
+
+Timers: the connection's task runs in one cancel scope whose deadline moves: the
+keep-alive while idle, ``body_read_timeout_s`` after each byte of a partly received head,
+none while the application runs. Shutdown moves it to now for an idle connection only.
+A body read is bounded by its own scope; when it expires the application sees
+``http.disconnect`` and the client gets 408.
+
+Writes: ``send()`` turns an ASGI message into bytes and writes them with one ``send``
+system call when the socket takes them (the common case); a response's head leaves with
+its body (or, streamed, with its first chunk). A write is a cancel point; it waits (a
+schedule point) only when the socket is full, bounded by ``write_timeout_s``. A client
+that is gone (reset, or not reading) makes later sends no-ops and wakes a waiting
+``receive()`` with ``http.disconnect``, as hypercorn's do.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import socket
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import unquote
+
+import httptools
+import trio
+
+from triogate.server import _head
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from triogate.server._config import ServerConfig
+
+    App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+logger = logging.getLogger("triogate.server")
+
+_READ_SIZE: Final = 65536
+_DISCONNECT: Final = {"type": "http.disconnect"}
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_ASGI: Final = {"version": "3.0", "spec_version": "2.3"}
+#: Response states.
+_NONE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
+#: A lingering close reads (and drops) what the client still sends, this long at most,
+#: so that the kernel does not answer it with a reset that could destroy our last answer.
+_LINGER_S: Final = 1.0
+_LINGER_BYTES: Final = 1 << 20
+
+
+class _Message:
+    """One request as the parser delivers it."""
+
+    __slots__ = ("body", "complete", "head_done", "head_size", "headers", "keep_alive",
+                 "method", "target", "version")
+
+    def __init__(self) -> None:
+        self.target = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_size = 0
+        self.head_done = False
+        self.method = ""
+        self.version = "1.1"
+        self.keep_alive = True
+        self.body: list[bytes] = []
+        self.complete = False
+
+
+class Connection:
+    """One client connection (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket, app: App, config: ServerConfig,
+                 server: tuple[str, int] | None, date: _head.CachedDate) -> None:
+        self.sock = sock
+        self.app = app
+        self.config = config
+        self._date = date
+        self._server_addr = server
+        try:
+            peer = sock.getpeername()
+            self._client: tuple[str, int] | None = (peer[0], peer[1])
+        except OSError:
+            self._client = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._queue: collections.deque[_Message] = collections.deque()
+        self._parsing: _Message | None = None
+        #: Status of a protocol error met while parsing (400, 431); answered in turn.
+        self._error = 0
+        self._raw_head = 0
+        #: Bytes of later requests read while a response is in flight.
+        self._ahead = 0
+        self.timer = trio.CancelScope()
+        #: Waiting for a new request with nothing of it received: shutdown may close it.
+        self.idle = False
+        self.closing = False
+        self._broken = False
+        self._eof = False
+        # The request being answered.
+        self._msg: _Message | None = None
+        self._state = _NONE
+        self._head_only = False
+        self._chunked = False
+        self._length: int | None = None
+        self._sent = 0
+        self._keep = True
+        self._delivered = False
+        self._continue = False
+        self._watch: trio.CancelScope | None = None
+        self._status_error = 0
+        self._status = 200
+        self._headers: Any = ()
+        #: Closing with part of a request unread: linger so that our answer is read.
+        self._unread = False
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        message = _Message()
+        self._parsing = message
+        self._raw_head = 0
+        if not self._error:  # nothing after a protocol error is served
+            self._queue.append(message)
+
+    def on_url(self, url: bytes) -> None:
+        message = self._parsing
+        assert message is not None
+        message.target += url
+        message.head_size += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        message = self._parsing
+        assert message is not None
+        message.headers.append((name.lower(), value))
+        message.head_size += len(name) + len(value) + 4
+
+    def on_headers_complete(self) -> None:
+        message = self._parsing
+        assert message is not None
+        parser = self._parser
+        message.head_done = True
+        message.method = parser.get_method().decode("ascii")
+        message.version = parser.get_http_version()
+        message.keep_alive = parser.should_keep_alive() and message.version == "1.1"
+        if message.head_size > self.config.max_head_bytes:
+            self._error = self._error or 431
+            if message is not self._msg and message in self._queue:
+                self._queue.remove(message)
+
+    def on_body(self, body: bytes) -> None:
+        message = self._parsing
+        assert message is not None
+        message.body.append(body)
+
+    def on_message_complete(self) -> None:
+        message = self._parsing
+        assert message is not None
+        message.complete = True
+        self._parsing = None
+
+    def _feed(self, data: bytes) -> None:
+        """Parse ``data``; a protocol error is kept for its turn (the connection ends then)."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Upgrades (WebSocket, h2c) are not served: answer the request as plain HTTP
+            # and close; what follows the head is not HTTP/1.1.
+            message = self._parsing
+            if message is not None:
+                message.complete = True
+                message.keep_alive = False
+                self._parsing = None
+            self._error = self._error or 400
+            return
+        except httptools.HttpParserError:
+            self._error = self._error or 400
+            self._drop_partial()
+            return
+        message = self._parsing
+        if message is not None and not message.head_done:
+            self._raw_head += len(data)
+            if max(self._raw_head, message.head_size) > self.config.max_head_bytes:
+                self._error = self._error or 431
+                self._drop_partial()
+
+    def _drop_partial(self) -> None:
+        """Forget a request that will never be complete (the error ends the connection)."""
+        message = self._parsing
+        if message is not None and message is not self._msg and not message.head_done:
+            self._queue.remove(message)
+        self._parsing = None
+
+    # ------------------------------------------------------------------ socket
+
+    async def _recv(self) -> bytes:
+        """Bytes from the client (``b""``: it closed or reset). A cancel point; a schedule
+        point only when nothing is waiting in the socket."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sock = self.sock
+        while True:
+            try:
+                return sock.recv(_READ_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+            except OSError:
+                return b""
+
+    async def _write(self, data: bytes) -> None:
+        """Write all of ``data``, or mark the connection broken (the client is gone)."""
+        if self._broken:
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sock = self.sock
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._gone()
+            return
+        if sent == len(data):
+            return
+        finished = False
+        view = memoryview(data)[sent:]
+        try:
+            with trio.move_on_after(self.config.write_timeout_s):
+                while view:
+                    await trio.lowlevel.wait_writable(sock)
+                    try:
+                        view = view[sock.send(view):]
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        break
+                else:
+                    finished = True
+        finally:
+            if not finished:  # reset, stuck, or cancelled mid-write: the framing is lost
+                self._gone()
+
+    def _gone(self) -> None:
+        """The client cannot be written to: later sends are dropped, a waiting
+        ``receive()`` wakes with ``http.disconnect`` (a shut-down socket reads as EOF)."""
+        self._broken = True
+        self._keep = False
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        if self._watch is not None:  # also when it stopped reading (read-ahead full)
+            self._watch.cancel()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Serve requests until the client leaves, an error ends the connection, it idles
+        past the keep-alive, or the server shuts down."""
+        with self.timer:
+            await self._loop()
+        if self.timer.cancelled_caught and self._parsing is not None:
+            self._error = self._error or 408  # stopped mid-head
+        if self._broken:
+            return
+        if self._error:
+            await self._answer_error(self._error)
+        if self._error in (400, 431) or self._unread:
+            await self._linger()
+
+    async def _loop(self) -> None:
+        timer = self.timer
+        queue = self._queue
+        config = self.config
+        while True:
+            if not queue or not queue[0].head_done:
+                if self._error or self._eof:
+                    return
+                if queue:  # part of a head: each byte restarts the body-read timeout
+                    self.idle = False
+                    timeout = config.body_read_timeout_s
+                    timer.deadline = (trio.current_time() + timeout) if timeout else math.inf
+                else:
+                    if self.closing:
+                        return
+                    self.idle = True
+                    timer.deadline = trio.current_time() + config.keep_alive_s
+                data = await self._recv()
+                self.idle = False
+                if not data:
+                    return
+                self._feed(data)
+                continue
+            timer.deadline = math.inf
+            message = queue[0]
+            await self._respond(message)
+            queue.popleft()
+            self._ahead = 0
+            if not self._keep or self.closing:
+                return
+
+    # ------------------------------------------------------------------ one request
+
+    def _scope(self, message: _Message) -> dict[str, Any]:
+        target = message.target
+        if target[:1] != b"/" and target != b"*":  # absolute-form (a proxy's request)
+            url = httptools.parse_url(target)
+            raw_path, query = url.path or b"/", url.query or b""
+        else:
+            raw_path, _, query = target.partition(b"?")
+        path = raw_path.decode("latin-1")
+        if "%" in path:
+            path = unquote(path, errors="surrogateescape")
+        return {
+            "type": "http", "asgi": _ASGI, "http_version": message.version,
+            "method": message.method, "scheme": "http", "path": path,
+            "raw_path": raw_path, "query_string": query, "root_path": "",
+            "headers": message.headers, "client": self._client,
+            "server": self._server_addr,
+        }
+
+    async def _respond(self, message: _Message) -> None:
+        self._msg = message
+        self._state = _NONE
+        self._keep = message.keep_alive
+        self._delivered = False
+        self._continue = False
+        self._status_error = 0
+        self._head_only = message.method == "HEAD"
+        try:
+            scope = self._scope(message)
+            await self.app(scope, self.receive, self.send)
+        except Exception:
+            logger.exception("error in ASGI application")
+            self._keep = False
+            if self._state in (_NONE, _HEAD) and not self._broken:  # nothing written yet
+                await self._answer_error(500)
+        else:
+            state = self._state
+            if state == _NONE and not self._broken:  # the app answered nothing
+                await self._answer_error(self._status_error or 500)
+                self._keep = False
+            elif state == _HEAD:  # a head without a body: send it, and end the connection
+                self._keep = False
+                try:
+                    head = self._encode_head(None)
+                except ValueError:
+                    logger.exception("response head refused")
+                    await self._answer_error(500)
+                else:
+                    await self._write(head)
+            elif state == _BODY:  # a body cut short: the client sees it end with the socket
+                self._keep = False
+        self._state = _DONE
+        self._msg = None
+        if not message.complete:  # the rest of its body was never read
+            self._keep = False
+            self._unread = self._status_error != 408
+        if self._status_error:
+            self._keep = False
+
+    async def receive(self) -> dict[str, Any]:
+        """ASGI ``receive``: the body, then ``http.disconnect`` once the client is gone or
+        the response is complete. A cancel point; it reads the socket only when it has
+        nothing to hand over."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        message = self._msg
+        if message is None or self._state == _DONE or self._broken or self._eof:
+            return _DISCONNECT
+        while not self._delivered:
+            if message.body or message.complete:
+                body = b"".join(message.body) if len(message.body) != 1 else message.body[0]
+                message.body = []
+                more = not message.complete
+                self._delivered = not more
+                return {"type": "http.request", "body": body, "more_body": more}
+            if self._error:
+                return self._protocol_error(self._error)
+            if not self._continue and self._state == _NONE:
+                self._continue = True
+                if any(k == b"expect" and v.lower() == b"100-continue"
+                       for k, v in message.headers):
+                    await self._write(_CONTINUE)
+            timeout = self.config.body_read_timeout_s
+            with trio.move_on_after(timeout if timeout else math.inf) as scope:
+                data = await self._recv()
+            if scope.cancelled_caught:
+                return self._protocol_error(408)
+            if not data:
+                self._eof = True
+                return _DISCONNECT
+            self._feed(data)
+        # The body is in: wait for the client to leave, or for the response to end.
+        with trio.CancelScope() as watch:
+            self._watch = watch
+            try:
+                while True:
+                    if self._ahead > self.config.max_pipelined_bytes or self._error:
+                        await trio.sleep_forever()  # until the response ends
+                    data = await self._recv()
+                    if not data:
+                        self._eof = True
+                        break
+                    self._ahead += len(data)
+                    self._feed(data)
+            finally:
+                self._watch = None
+        return _DISCONNECT
+
+    def _protocol_error(self, status: int) -> dict[str, Any]:
+        """The request cannot be read to its end: the app sees the client gone; the
+        server answers ``status`` if the app answers nothing."""
+        self._status_error = status
+        if status == self._error:
+            self._error = 0  # answered after the app, not again when the connection ends
+        self._keep = False
+        self._eof = True
+        return _DISCONNECT
+
+    async def send(self, event: dict[str, Any]) -> None:
+        """ASGI ``send``: one write per body message (the head leaves with the first)."""
+        kind = event["type"]
+        if kind == "http.response.body":
+            state = self._state
+            if self._broken:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return
+            body = event.get("body", b"")
+            more = event.get("more_body", False)
+            if state == _BODY:
+                data = self._frame(body, more)
+            elif state == _HEAD:
+                head = self._encode_head(None if more else len(body))
+                self._state = _BODY
+                data = head + self._frame(body, more)
+            else:
+                raise RuntimeError(f"ASGI message {kind} out of order")
+            if not more:
+                self._state = _DONE
+                if self._watch is not None:
+                    self._watch.cancel()
+            if data:
+                await self._write(data)
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
+        elif kind == "http.response.start":
+            if self._state != _NONE:
+                raise RuntimeError("ASGI message http.response.start sent twice")
+            self._state = _HEAD
+            self._status = int(event["status"])
+            self._headers = event.get("headers") or ()
+            self._length = None
+            self._chunked = False
+            self._sent = 0
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+
+    def _frame(self, body: bytes, more: bool) -> bytes:
+        """A body message's bytes on the wire (none for HEAD and bodiless statuses)."""
+        if self._head_only:
+            return b""
+        if self._chunked:
+            if not more:
+                return _head.chunk(body) + _head.LAST_CHUNK if body else _head.LAST_CHUNK
+            return _head.chunk(body) if body else b""
+        self._sent += len(body)
+        if not more and self._length is not None and self._sent != self._length:
+            self._keep = False  # the body does not match its length: end the connection
+        return body
+
+    def _encode_head(self, length: int | None) -> bytes:
+        """The response head; decides the body's framing (length, chunked or close)."""
+        status = self._status
+        lines = []
+        has_date = False
+        declared: int | None = None
+        for name, value in self._headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                declared = int(value)
+            elif lower == b"connection":
+                if value.lower() == b"close":
+                    self._keep = False
+                continue
+            elif lower == b"transfer-encoding":
+                continue  # the server frames the body itself
+            elif lower == b"date":
+                has_date = True
+            lines.append(b"%b: %b\r\n" % (name, value))
+        extra = b"" if has_date else self._date()
+        bodiless = status < 200 or status in (204, 304)
+        if declared is not None:
+            self._length = declared
+        elif bodiless:
+            pass
+        elif length is not None:
+            self._length = length
+            if not self._head_only:
+                extra += b"content-length: %d\r\n" % length
+        elif self._msg is not None and self._msg.version == "1.1" and not self._head_only:
+            self._chunked = True
+            extra += b"transfer-encoding: chunked\r\n"
+        elif not self._head_only:
+            self._keep = False  # HTTP/1.0 stream: the close ends the body
+        if bodiless:
+            self._head_only = True
+        if self.closing or self._status_error:
+            self._keep = False
+        if not self._keep:
+            extra += b"connection: close\r\n"
+        return _head.encode_head(status, lines, extra)
+
+    async def _answer_error(self, status: int) -> None:
+        """The server's own answer (400, 408, 431, 500): it ends the connection."""
+        body, headers = self.config.error_body(status)
+        self._keep = False
+        lines = [b"%b: %b\r\n" % (k, v) for k, v in headers]
+        extra = self._date() + b"content-length: %d\r\nconnection: close\r\n" % len(body)
+        try:
+            head = _head.encode_head(status, lines, extra)
+        except ValueError:
+            logger.exception("error body headers refused")
+            return
+        with trio.move_on_after(self.config.write_timeout_s):
+            await self._write(head + body)
+
+    async def _linger(self) -> None:
+        """Stop writing, and read off what the client still sends (bounded), so that closing
+        with unread bytes does not reset the connection before the client reads our answer."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        drained = 0
+        with trio.move_on_after(_LINGER_S):
+            while drained < _LINGER_BYTES:
+                data = await self._recv()
+                if not data:
+                    break
+                drained += len(data)
