@@ -154,6 +154,12 @@ def test_times(text: Any, epoch_ms: int) -> None:
     assert parse_time_ms("expires", text) == epoch_ms
 
 
+@pytest.mark.parametrize("text", ["\u00b2", "17356896\u0663"])
+def test_non_ascii_digits_are_not_epoch_milliseconds(text: str) -> None:
+    with pytest.raises(ApiError):  # str.isdigit() accepts them, int() may not: a 500 before
+        parse_time_ms("expires", text)
+
+
 def test_iso_round_trips_milliseconds() -> None:
     assert iso(1_735_689_600_123) == "2025-01-01T00:00:00.123Z"
     assert parse_time_ms("t", iso(1_735_689_600_123)) == 1_735_689_600_123
@@ -205,7 +211,7 @@ def test_paging(query: dict[str, str], expected: tuple[int, int]) -> None:
 
 
 @pytest.mark.parametrize("query", [{"page": "0"}, {"size": "1001"}, {"page": "x"},
-                                   {"size": "-1"}])
+                                   {"size": "-1"}, {"page": "\u00b2"}, {"size": "\u0663"}])
 def test_bad_paging(query: dict[str, str]) -> None:
     with pytest.raises(ApiError):
         paging(query)

@@ -199,7 +199,8 @@ def parse_time_ms(name: str, value: Any) -> int:
     1970 and the year 9999."""
     if isinstance(value, int) and not isinstance(value, bool):
         return check_time_ms(name, value)
-    if isinstance(value, str) and len(value) < 64 and value.strip().lstrip("-").isdigit():
+    if (isinstance(value, str) and len(value) < 64 and value.isascii()
+            and value.strip().lstrip("-").isdigit()):
         return check_time_ms(name, int(value.strip()))
     if not isinstance(value, str) or len(value) > 64:
         raise bad(name, "must be an ISO 8601 date or datetime, or epoch milliseconds")
@@ -442,7 +443,7 @@ def paging(query: Mapping[str, str], *, default_size: int = 100, max_size: int =
             values.append(default)
             continue
         upper = upper or MAX_PAGE
-        if len(raw) > 9 or not raw.isdigit() or not 1 <= int(raw) <= upper:
+        if len(raw) > 9 or not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= upper:
             limit = f"1..{upper}"
             raise ApiError(400, f"query parameter '{name}' must be an integer in {limit}",
                            param=name)
