@@ -174,6 +174,7 @@ class BatchScope:
     _rounds: int
     _commands: int
     _started: int
+    _host: Participant[None] | None
 
     def __init__(self) -> None:
         raise TypeError("use open_batch_scope")
@@ -202,6 +203,7 @@ class BatchScope:
         self._rounds = rounds_before
         self._commands = 0
         self._started = 0
+        self._host = None
         self.batch = Batch._create(self)
         return self
 
@@ -232,6 +234,56 @@ class BatchScope:
         self._started += 1
         self._nursery.start_soon(self._run_participant, participant, fn, args, name=label)
         return participant
+
+    async def run_inline(
+        self, fn: Callable[..., Awaitable[T]], *args: object, name: str | None = None
+    ) -> Participant[T]:
+        """Run ``fn(*args)`` in the calling task, the scope's host; return it as a finished
+        :class:`Participant`.
+
+        Only in a scope opened with ``host=True``, from its body: the body counts as one
+        live participant from entry to exit, so ``fn`` waiting on a handle counts as the
+        body waiting, and a round leaves when every other participant waits too. What a
+        task would cost (a spawn, a first schedule, an exit, a wake-up of the nursery) is
+        not paid. Calls run one after another: only the last declaration of a round may
+        wait in an inline call (a call that waits first sends the round without what is
+        declared after it). ``fn``'s ``Exception`` is captured as for
+        :meth:`start_participant`; cancellation propagates. A checkpoint if ``fn`` is.
+
+        Raises:
+            RuntimeError: not called from the body of a ``host=True`` scope.
+        """
+        host = self._host
+        if host is None or self._by_task.get(trio.lowlevel.current_task()) is not host:
+            raise RuntimeError("run_inline needs the body of a scope opened with host=True")
+        if self._closed:
+            raise BatchClosed("the batch scope is closed")
+        participant: Participant[T] = Participant._create(
+            name or str(getattr(fn, "__qualname__", repr(fn))), self)
+        self._started += 1
+        try:
+            participant._value = await fn(*args)
+        except Exception as exc:  # captured, as a task participant's would be
+            participant._error = exc
+        participant._done = True
+        return participant
+
+    def _enter_host(self) -> None:
+        host: Participant[None] = Participant._create("host", self)
+        self._host = host
+        self._by_task[trio.lowlevel.current_task()] = host
+        self._barrier.started()
+
+    def _leave_host(self) -> None:
+        host = self._host
+        if host is None or host._done:
+            return
+        host._done = True
+        self._by_task.pop(trio.lowlevel.current_task(), None)
+        self._barrier.finished()
+        waiters, host._waiters = host._waiters, []
+        for waiter in waiters:
+            self._wake(waiter, outcome.Value(None))
 
     def statistics(self) -> BatchStatistics:
         """Counters of this scope (sync, cheap)."""
@@ -426,6 +478,7 @@ async def open_batch_scope(
     trace_id: str | None = None,
     phase: str = BEFORE,
     rounds_before: int = 0,
+    host: bool = False,
 ) -> AsyncIterator[BatchScope]:
     """Open a batch scope: a nursery whose participants share flushes.
 
@@ -437,6 +490,9 @@ async def open_batch_scope(
         phase: ``"before"`` or ``"after"`` the model call, for the records.
         rounds_before: rounds the same trace and phase already waited in an earlier
             scope; this scope's rounds are numbered after them (records, statistics).
+        host: the body itself is a participant, live until it exits, and may run
+            participants in its own task with :meth:`BatchScope.run_inline` (no task
+            each). No round leaves while the body runs without waiting on the batch.
 
     On exit, waits for every participant; commands declared and never awaited still
     leave in a last round. Entering is not a checkpoint; exiting is.
@@ -448,7 +504,14 @@ async def open_batch_scope(
                 nursery, backends, tracer, trace_id or f"scope-{next(_trace_ids)}", phase,
                 rounds_before,
             )
-            yield scope
+            if host:
+                scope._enter_host()
+            try:
+                yield scope
+            except BaseException:
+                scope._leave_host()
+                raise
+            scope._leave_host()
             # Leftovers (declared, never awaited) leave once the participants allow it;
             # the nursery's exit then waits for participants and flushes alike.
             scope._check()
