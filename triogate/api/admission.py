@@ -161,7 +161,7 @@ async def admit(services: Services, call: Call) -> Admission:
                 services.local, name="budgets")
         route = await scope.run_inline(_finish_route, services, pending_route, name="routing")
     waits = scope.statistics().rounds  # the alias lookup's rounds included
-    services.metrics.redis_waits.labels("before").observe(waits)
+    services.metrics.redis_waits_child("before").observe(waits)
     try:
         identity_or_rejection = who.result()
     except StoreError as exc:
@@ -206,7 +206,7 @@ async def admit(services: Services, call: Call) -> Admission:
                                strict=True):
         if decision is not None and decision.degraded:
             admission.degraded = True
-            services.metrics.degraded.labels(check).inc()
+            services.metrics.degraded_child(check).inc()
         if isinstance(decision, Allowed):
             admission.extra_headers.update(decision.headers)
     return admission
