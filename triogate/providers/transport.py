@@ -528,11 +528,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             if len(self._prefixes) >= _MAX_PREFIXES:
                 self._prefixes.clear()
             prefix = self._prefixes[key] = _post_prefix(url, headers)
-        try:
-            with trio.fail_after(timeout_s):
-                return await self._post(prefix, content, timeout_s)
-        except trio.TooSlowError as exc:
-            raise httpx.TimeoutException(f"upstream call took over {timeout_s} s") from exc
+        # A bare scope, not fail_after (a generator context manager around the same scope).
+        with trio.CancelScope(deadline=trio.current_time() + timeout_s):
+            return await self._post(prefix, content, timeout_s)
+        raise httpx.TimeoutException(f"upstream call took over {timeout_s} s")
 
     async def _post(
         self, prefix: tuple[Origin, bytes], content: bytes, timeout_s: float
