@@ -429,6 +429,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     def _pop_idle(self, origin: Origin) -> _Connection | None:
         stack = self._idle.get(origin)
         now = trio.current_time()
+        # The oldest sit at the bottom: expire them too, or after a burst they would stay
+        # open (unused under the newer ones) until the server drops them.
+        while stack and now - stack[0].idle_since >= self._expiry_s:
+            self._discard(stack.pop(0))
         while stack:
             conn = stack.pop()
             # Readable while idle: the server closed it (or sent something unasked).
