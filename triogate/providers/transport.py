@@ -19,6 +19,7 @@ httpx's: ``ConnectError``, ``ConnectTimeout``, ``ReadError``, ``ReadTimeout``,
 
 from __future__ import annotations
 
+import os
 import ssl
 import weakref
 from typing import TYPE_CHECKING, final
@@ -59,7 +60,7 @@ def register(client: httpx.AsyncClient, transport: UpstreamTransport) -> httpx.A
 class _Connection:
     """One upstream connection and the bytes read from it but not consumed yet."""
 
-    __slots__ = ("buffer", "idle_since", "origin", "plain", "socket", "stream")
+    __slots__ = ("buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
         self.origin = origin
@@ -69,6 +70,7 @@ class _Connection:
         # conflict detector and a contextmanager that turns OSError into stream errors,
         # once per upstream read (per stream chunk); OSError is mapped below anyway.
         self.plain = isinstance(stream, trio.SocketStream)
+        self.fd = socket.fileno()
         self.buffer = bytearray()
         self.idle_since = 0.0
 
@@ -80,16 +82,35 @@ class _Connection:
         try:
             if timeout_s is None:
                 if self.plain:
-                    return await self.socket.recv(_READ_SIZE)
+                    return await self._read()
                 return bytes(await self.stream.receive_some(_READ_SIZE))
             with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
                 if self.plain:
-                    return await self.socket.recv(_READ_SIZE)
+                    return await self._read()
                 return bytes(await self.stream.receive_some(_READ_SIZE))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
         assert scope.cancelled_caught
         raise httpx.ReadTimeout("upstream read timed out", request=request)
+
+    async def _read(self) -> bytes:
+        """``socket.recv`` without trio's wrapper (an async context manager per call):
+        read, or wait until readable and read. Always a checkpoint, as ``recv`` is: a
+        stream whose upstream keeps its socket readable must still let others run."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # before consuming, as recv does
+        try:
+            data = os.read(self.fd, _READ_SIZE)
+        except BlockingIOError:
+            pass
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            try:
+                return os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                continue
 
     async def close(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -268,8 +289,22 @@ def _buffered_chunk(buf: bytearray) -> bytes | None:
 async def _send(
     conn: _Connection, data: bytes, timeout_s: float | None, request: httpx.Request | None
 ) -> None:
-    """Write ``data`` within ``timeout_s`` (None: the caller's deadline bounds it)."""
+    """Write ``data`` within ``timeout_s`` (None: the caller's deadline bounds it).
+
+    On plain TCP, one ``os.write`` first (a request fits the socket buffer): trio's
+    ``send_all`` adds a conflict detector, an async context manager and a scheduler pass
+    even when the kernel takes everything at once. Not a checkpoint then: every caller
+    reads the answer next, which waits.
+    """
     try:
+        if conn.plain:
+            try:
+                sent = os.write(conn.fd, data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
         if timeout_s is None:
             await conn.stream.send_all(data)
         else:
