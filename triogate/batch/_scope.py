@@ -404,7 +404,7 @@ class BatchScope:
             self._resolve(handles[i], reply)
 
         def sent(pipeline: PipelineSent) -> None:
-            if self._tracer is not None:
+            if self._tracer is not None:  # always, when passed; for mypy
                 self._tracer.record(
                     FlushRecord(
                         trace_id=self._trace_id,
@@ -420,7 +420,9 @@ class BatchScope:
                 )
 
         try:
-            await send_round(commands, self._backends, deliver, sent=sent)
+            # No tracer: no record to build per pipeline.
+            await send_round(commands, self._backends, deliver,
+                             sent=sent if self._tracer is not None else None)
         finally:
             # Cancelled mid-flight: fail what was not delivered, so no handle dangles.
             for handle in handles:
