@@ -401,3 +401,44 @@ async def test_cancelling_a_waiting_host_leaves_no_round_behind(
             await scope.run_inline(get_and_wait, scope.batch, "host")
     assert trio.current_time() == 1.0
     assert scope.statistics().live == 0
+
+
+async def test_reading_a_rounds_replies_yields_once(autojump_clock: MockClock) -> None:
+    """The first await is the round's wait; the handles it resolved with it are read
+    without giving up the CPU again (a cancel point still: see the next test)."""
+    backend = RecordingBackend({"GET": b"1"})
+    steps: list[str] = []
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            steps.append(task.name)
+
+    async def three(batch: Batch) -> list[object]:
+        handles = [batch.call("GET", keys=[f"k{i}"], owner="three") for i in range(3)]
+        return [await h for h in handles]
+
+    trio.lowlevel.add_instrument(Steps())
+    async with open_batch_scope({"default": backend}) as scope:
+        p = scope.start_participant(three, scope.batch, name="three")
+    assert p.result() == [b"1", b"1", b"1"]
+    assert steps.count("three") == 2  # its start, and its wake-up after the round
+
+
+async def test_awaiting_a_resolved_handle_is_still_a_cancel_point(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend({"GET": b"1"})
+    reached: list[object] = []
+
+    async def read_after_cancel(batch: Batch, outer: trio.CancelScope) -> None:
+        first = batch.call("GET", keys=["a"], owner="o")
+        second = batch.call("GET", keys=["b"], owner="o")
+        await first
+        outer.cancel()
+        reached.append(await second)
+
+    with trio.CancelScope() as outer:
+        async with open_batch_scope({"default": backend}) as scope:
+            scope.start_participant(read_after_cancel, scope.batch, outer, name="p")
+    assert outer.cancelled_caught
+    assert reached == []  # cancelled at the second await, though its reply was there
