@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
     from triogate.api.records import Call
     from triogate.api.services import Services
-    from triogate.batch import BatchScope, Participant
-    from triogate.cache.response import CachedResponse
+    from triogate.batch import Batch, Participant
+    from triogate.cache.response import CachedResponse, PendingLookup
     from triogate.governance.budgets import BudgetOutcome
     from triogate.governance.principals import Identity
     from triogate.governance.rate_limits import RateOutcome
@@ -78,13 +78,13 @@ def _governed(identity: Identity | Rejected) -> Identity | None:
     return identity
 
 
-async def _cache_lookup(
-    services: Services, scope: BatchScope, identity: Identity | Rejected, call: Call,
-) -> tuple[str, CachedResponse | None] | None:
-    """The cache GET, in the same round as the other checks.
-
-    The namespace depends on the caller (unless the scope is global): started once the
-    identity is known, which with it in memory costs no extra round.
+def _declare_cache(
+    services: Services, batch: Batch, identity: Identity | Rejected, call: Call,
+) -> tuple[str, PendingLookup | None] | None:
+    """The cache GET, declared in the same round as the other checks (sync): the
+    namespace and the pending lookup, or None when the caller was refused and the
+    namespace needs it. The namespace depends on the caller (unless the scope is
+    global), so this comes once the identity is known: in memory, that costs no round.
     """
     cache = services.cache
     assert cache is not None
@@ -96,8 +96,23 @@ async def _cache_lookup(
     namespace = cache.namespace(caller)
     if call.cache.no_cache:
         return namespace, None
-    return namespace, await cache.lookup(scope.batch, call.api, call.group, call.body,
-                                         call.cache, namespace=namespace)
+    return namespace, cache.declare_lookup(batch, call.api, call.group, call.body,
+                                           call.cache, namespace=namespace)
+
+
+async def _finish_cache(
+    services: Services, declared: tuple[str, PendingLookup | None] | Exception | None,
+) -> tuple[str, CachedResponse | None] | None:
+    """The cache participant's result: (namespace, hit or None), or None."""
+    if isinstance(declared, Exception):
+        await trio.lowlevel.checkpoint()
+        raise declared
+    if declared is None:
+        await trio.lowlevel.checkpoint()
+        return None
+    assert services.cache is not None
+    namespace, pending = declared
+    return namespace, await services.cache.finish_lookup(pending)
 
 
 async def admit(services: Services, call: Call) -> Admission:
@@ -124,8 +139,8 @@ async def admit(services: Services, call: Call) -> Admission:
         now_ms=now_ms,
     )
     # The request's own task is the scope's host: it declares the routing read, resolves
-    # the identity (in memory: no wait) and reserves the budgets in its own task, so that
-    # only the rate limits and the cache GET need a task each. The budgets' wait is the
+    # the identity (in memory: no wait), declares the cache GET and reserves the budgets
+    # in its own task, so that only the rate limits need a task. The budgets' wait is the
     # round's: by then everything else of the round is declared (or its task started).
     route: Participant[RoutingState] | None = None
     budget_p: Participant[BudgetOutcome] | None = None
@@ -146,20 +161,27 @@ async def admit(services: Services, call: Call) -> Admission:
         )
         resolved = _done(who)
         governed = _governed(resolved) if resolved is not None else None
+        cache = services.cache
+        declared_cache: tuple[str, PendingLookup | None] | Exception | None = None
+        use_cache = (resolved is not None and cache is not None and cache.enabled
+                     and not (call.cache.no_cache and call.cache.no_store))
+        if use_cache:
+            assert resolved is not None
+            try:
+                declared_cache = _declare_cache(services, scope.batch, resolved, call)
+            except Exception as exc:  # raised below, as the participant's was
+                declared_cache = exc
         if governed is not None:
             rates_p = scope.start_participant(
                 rate_limits.admit, scope.batch, governed, request, services.checks,
                 services.local, name="rate_limits")
-        cache = services.cache
-        if (resolved is not None and cache is not None and cache.enabled
-                and not (call.cache.no_cache and call.cache.no_store)):
-            cached = scope.start_participant(_cache_lookup, services, scope, resolved, call,
-                                             name="cache")
-        if governed is not None:
             budget_p = await scope.run_inline(
                 budgets.reserve, scope.batch, governed, request, services.checks,
                 services.local, name="budgets")
         route = await scope.run_inline(_finish_route, services, pending_route, name="routing")
+        if use_cache:
+            cached = await scope.run_inline(_finish_cache, services, declared_cache,
+                                            name="cache")
     waits = scope.statistics().rounds  # the alias lookup's rounds included
     services.metrics.redis_waits_child("before").observe(waits)
     try:
