@@ -11,6 +11,9 @@ commandstats). ``--profile I:C[,I:C...]`` records tree I at C connections with p
 A tree given as ``TREE@JSON`` gets JSON merged into its own ``triogate:`` settings, e.g.
 ``"$PWD" "$PWD@{\"redis\": {\"pool_size\": 256}}"`` compares one setting in one tree.
 The gateways' log lines are counted per message at the end (timeouts, journaling).
+``--paired`` loads every tree at the same time (one wrk each): on a shared host whose
+load moves from minute to minute, that weighs on all trees alike, where alternating
+points only spread it out.
 """
 
 import argparse
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import load as L
@@ -62,6 +66,9 @@ def main() -> None:
     p.add_argument("--latency-ms", type=float, default=20)
     p.add_argument("--profile", default="", help="TREE_INDEX:CONNECTIONS[,...]")
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples a second")
+    p.add_argument("--paired", action="store_true",
+                   help="load every tree at once (one wrk each), so that the host's load "
+                   "at that moment weighs on all alike; CPU per request is each gateway's")
     p.add_argument("--extra", default="", help="JSON merged into triogate: (not for a "
                    "tree whose path contains 'base', which may not know the settings)")
     a = p.parse_args()
@@ -107,6 +114,9 @@ def main() -> None:
                           env=wrk_env(key, a.target, a.stream), out_dir=work)
         for r in range(a.rounds):
             for c in a.c:
+                if a.paired:
+                    paired_point(a, r, c, gws, redis, work)
+                    continue
                 for i, (_, url, key, w) in enumerate(gws):
                     point(a, r, c, i, url, key, w, redis, rport, work)
     finally:
@@ -131,6 +141,31 @@ def log_summary(i: int, log: Path) -> None:
         counts[message] = counts.get(message, 0) + 1
     for message, n in sorted(counts.items(), key=lambda kv: -kv[1])[:6]:
         print(f"tree={i} log x{n}: {message}")
+
+
+def paired_point(a: argparse.Namespace, r: int, c: int,
+                 gws: list[tuple[procs.Proc, str, str, list[psutil.Process]]],
+                 redis: procs.Proc, work: Path) -> None:
+    """Every tree under load at the same time (one wrk each, ``c`` connections each)."""
+    watch = {"redis": [psutil.Process(redis.pid)], **{f"gw{i}": w for i, (*_, w) in
+                                                       enumerate(gws)}}
+    procs.wait_idle(watch)
+    c0 = procs.cpu_snapshot(watch)
+    with ThreadPoolExecutor(len(gws)) as pool:
+        runs = [pool.submit(procs.run_wrk, f"{url}/v1/chat/completions", connections=c,
+                            duration_s=a.d, env=wrk_env(key, a.target, a.stream),
+                            out_dir=work) for _, url, key, _ in gws]
+        results = [run.result() for run in runs]
+    procs.wait_idle(watch)
+    c1 = procs.cpu_snapshot(watch)
+    for i, res in enumerate(results):
+        n = res["requests"] + c
+        gw_ms = (c1[f"gw{i}"] - c0[f"gw{i}"]) * 1000 / n
+        lat = res["latency_us"]
+        rps = res["requests"] / res["duration_us"] * 1e6
+        print(f"r{r} c={c:5d} tree={i} paired rps={rps:7.1f} p50={lat['p50'] / 1000:7.1f} "
+              f"p99={lat['p99'] / 1000:8.1f} failed={sum(res['errors'].values())} "
+              f"gw_cpu={gw_ms:.3f}ms", flush=True)
 
 
 def point(a: argparse.Namespace, r: int, c: int, i: int, url: str, key: str,
