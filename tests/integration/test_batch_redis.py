@@ -103,3 +103,15 @@ async def test_a_pipeline_larger_than_the_socket_buffer_goes_out_whole(
     assert replies == [b"OK", len(big), b"xxxx"]
     with trio.fail_after(10):
         assert await redis.execute([("GET", "big")]) == [big]  # many reads for one reply
+
+
+async def test_a_cancelled_pipeline_is_not_sent(redis: RespBackend) -> None:
+    """A free pool slot is taken without a scheduler pass; cancellation is still checked
+    before the pipeline leaves, so a cancelled owner never has a write it did not see."""
+    await redis.execute([("SET", "counted", "0")])
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await redis.execute([("INCR", "counted")])
+    assert scope.cancelled_caught
+    with trio.fail_after(5):
+        assert await redis.execute([("GET", "counted")]) == [b"0"]

@@ -216,7 +216,9 @@ class RespBackend:
         with trio.move_on_after(self._timeout_s) as timeout:
             try:
                 # A free slot without the scheduler pass ``async with`` would cost: the
-                # round trip below is the checkpoint.
+                # round trip below is the checkpoint. Cancellation is checked before the
+                # pipeline leaves (a script the server ran must be one its owner saw).
+                await trio.lowlevel.checkpoint_if_cancelled()
                 try:
                     self._slots.acquire_nowait()
                 except trio.WouldBlock:
