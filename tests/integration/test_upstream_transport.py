@@ -254,3 +254,22 @@ async def test_idle_connections_under_the_newest_expire_too(server) -> None:  # 
     assert transport.connections_opened == 3
     assert transport.idle_connections() == 1
     await transport.aclose()
+
+
+async def test_a_cancelled_call_sends_nothing(server) -> None:  # type: ignore[no-untyped-def]
+    """A free slot is taken without a scheduler pass, but cancellation is still checked
+    before the request leaves: the upstream never sees (nor bills) it."""
+    heads: list[bytes] = []
+    url = await server(lambda head: heads.append(head) or _fixed(b"{}"))
+    transport = UpstreamTransport(max_connections=10, max_keepalive_connections=10,
+                                  keepalive_expiry_s=30)
+    status, _ = await transport.post(url + "/v1/x", headers={}, content=b"{}", timeout_s=5)
+    assert status == 200 and len(heads) == 1  # a kept-alive connection is there
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await transport.post(url + "/v1/x", headers={}, content=b"{}", timeout_s=5)
+    assert scope.cancelled_caught
+    await trio.sleep(0.2)
+    assert len(heads) == 1
+    assert transport.idle_connections() == 1  # nothing was sent on it: still reusable
+    await transport.aclose()

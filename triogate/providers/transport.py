@@ -444,8 +444,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
         pool_timeout = timeouts.get("pool")
         try:
-            with trio.fail_after(pool_timeout if pool_timeout is not None else float("inf")):
-                await self._slots.acquire()
+            await trio.lowlevel.checkpoint_if_cancelled()  # before anything is sent
+            try:
+                self._slots.acquire_nowait()  # as in _post: the reads below are checkpoints
+            except trio.WouldBlock:
+                with trio.fail_after(pool_timeout if pool_timeout is not None
+                                     else float("inf")):
+                    await self._slots.acquire()
         except trio.TooSlowError as exc:
             raise httpx.PoolTimeout("no upstream connection free", request=request) from exc
         conn: _Connection | None = None
@@ -576,7 +581,14 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self, prefix: tuple[Origin, bytes], content: bytes, timeout_s: float
     ) -> tuple[int, bytes]:
         origin, head = prefix
-        await self._slots.acquire()
+        # A free slot without Semaphore.acquire's scheduler pass: the read of the answer
+        # below waits, and is the call's checkpoint. Cancellation is still checked before
+        # anything is sent (a request the upstream sees may be billed).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
         conn: _Connection | None = None
         handed = False  # the slot and the connection belong to a _Body
         try:
