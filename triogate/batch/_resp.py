@@ -123,8 +123,8 @@ class _Connection:
                 reader.feed(data)
                 continue
             replies.append(reply)
-        if not waited:
-            await trio.lowlevel.checkpoint()
+        if not waited:  # a schedule point that cannot lose the replies, as recv's is
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return replies
 
     def looks_closed(self) -> bool:
