@@ -7,6 +7,11 @@ another participant's result) or has finished: everything declared so far leaves
 pipeline per backend. A participant that declares after a flush is in the next round.
 So the number of waits equals the depth of the dependency chain.
 
+With ``host=True`` the scope's body is itself a participant, live until it exits: it can
+run participants in its own task (``BatchScope.run_inline``), which spares the spawn and
+the scheduling of a task per participant; only its last declaration before a wait may
+wait inline (calls run one after another).
+
 Participants' exceptions are captured (``Exception`` only; cancellation propagates):
 one subsystem failing does not cancel the others, and ``Participant.result()`` re-raises
 it for whoever decides. Cancelling the scope (the client went away) cancels the
