@@ -8,16 +8,24 @@ team and end-user budgets, RPM/TPM). Per point: req/s, p50/p99, the gateway's an
 CPU per request, and the server's microseconds in scripts per request (INFO
 commandstats). ``--profile I:C[,I:C...]`` records tree I at C connections with py-spy
 (``/tmp/prof-I-C.txt``). ``AB_VERBOSE=1`` adds per-command calls and µs per request.
+A tree given as ``TREE@JSON`` gets JSON merged into its own ``triogate:`` settings, e.g.
+``"$PWD" "$PWD@{\"redis\": {\"pool_size\": 256}}"`` compares one setting in one tree.
+The gateways' log lines are counted per message at the end (timeouts, journaling).
+``--paired`` loads every tree at the same time (one wrk each): on a shared host whose
+load moves from minute to minute, that weighs on all trees alike, where alternating
+points only spread it out.
 """
 
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import load as L
@@ -57,6 +65,10 @@ def main() -> None:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--latency-ms", type=float, default=20)
     p.add_argument("--profile", default="", help="TREE_INDEX:CONNECTIONS[,...]")
+    p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples a second")
+    p.add_argument("--paired", action="store_true",
+                   help="load every tree at once (one wrk each), so that the host's load "
+                   "at that moment weighs on all alike; CPU per request is each gateway's")
     p.add_argument("--extra", default="", help="JSON merged into triogate: (not for a "
                    "tree whose path contains 'base', which may not know the settings)")
     a = p.parse_args()
@@ -70,14 +82,17 @@ def main() -> None:
         # ``python -m`` puts the working directory first on sys.path: run from inside a
         # source tree, every gateway would import THAT tree, whatever PYTHONPATH says.
         os.environ["PYTHONSAFEPATH"] = "1"
-        for i, tree in enumerate(a.trees):
+        for i, spec in enumerate(a.trees):
+            # TREE@JSON: this tree's gateway gets JSON merged into its triogate: settings
+            # (one level deep), e.g. the same tree twice with two pool sizes.
+            tree, _, own = spec.partition("@")
             os.environ["PYTHONPATH"] = tree
             imported = subprocess.run(
                 [sys.executable, "-c", "import triogate; print(triogate.__file__)"],
                 capture_output=True, text=True, check=True).stdout.strip()
             if not Path(imported).resolve().is_relative_to(Path(tree).resolve()):
                 raise SystemExit(f"tree {i} would import {imported}, not {tree}")
-            print(f"tree={i} {tree}", flush=True)
+            print(f"tree={i} {spec}", flush=True)
             cfg = L.gateway_yaml(work / f"state{i}", upurl)
             if "base" in tree:
                 cfg["triogate"].pop("max_in_flight", None)
@@ -86,6 +101,9 @@ def main() -> None:
                 cfg["router_settings"]["routing_strategy"] = "simple-shuffle"
             if a.extra and "base" not in tree:
                 cfg["triogate"].update(json.loads(a.extra))
+            for k, v in (json.loads(own) if own else {}).items():
+                merged = cfg["triogate"].get(k)
+                cfg["triogate"][k] = {**merged, **v} if isinstance(merged, dict) else v
             path = work / f"gw{i}.yaml"
             path.write_text(yaml.safe_dump(cfg))
             g, url = procs.start_gateway(logs, config=path, workers=1,
@@ -96,6 +114,9 @@ def main() -> None:
                           env=wrk_env(key, a.target, a.stream), out_dir=work)
         for r in range(a.rounds):
             for c in a.c:
+                if a.paired:
+                    paired_point(a, r, c, gws, redis, work)
+                    continue
                 for i, (_, url, key, w) in enumerate(gws):
                     point(a, r, c, i, url, key, w, redis, rport, work)
     finally:
@@ -103,6 +124,48 @@ def main() -> None:
             g.stop()
         up.stop()
         redis.stop()
+        for i in range(len(gws)):
+            log_summary(i, logs / f"gw{i}.log")
+
+
+def log_summary(i: int, log: Path) -> None:
+    """The gateway's warnings and errors by message (ids and paths blanked): a point's
+    CPU per request means little if its Redis calls timed out and decisions degraded."""
+    counts: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            message = str(json.loads(line)["message"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        message = re.sub(r"[0-9a-f]{16,}|\(see [^)]*\)|/\S+", "…", message)[:120]
+        counts[message] = counts.get(message, 0) + 1
+    for message, n in sorted(counts.items(), key=lambda kv: -kv[1])[:6]:
+        print(f"tree={i} log x{n}: {message}")
+
+
+def paired_point(a: argparse.Namespace, r: int, c: int,
+                 gws: list[tuple[procs.Proc, str, str, list[psutil.Process]]],
+                 redis: procs.Proc, work: Path) -> None:
+    """Every tree under load at the same time (one wrk each, ``c`` connections each)."""
+    watch = {"redis": [psutil.Process(redis.pid)], **{f"gw{i}": w for i, (*_, w) in
+                                                       enumerate(gws)}}
+    procs.wait_idle(watch)
+    c0 = procs.cpu_snapshot(watch)
+    with ThreadPoolExecutor(len(gws)) as pool:
+        runs = [pool.submit(procs.run_wrk, f"{url}/v1/chat/completions", connections=c,
+                            duration_s=a.d, env=wrk_env(key, a.target, a.stream),
+                            out_dir=work) for _, url, key, _ in gws]
+        results = [run.result() for run in runs]
+    procs.wait_idle(watch)
+    c1 = procs.cpu_snapshot(watch)
+    for i, res in enumerate(results):
+        n = res["requests"] + c
+        gw_ms = (c1[f"gw{i}"] - c0[f"gw{i}"]) * 1000 / n
+        lat = res["latency_us"]
+        rps = res["requests"] / res["duration_us"] * 1e6
+        print(f"r{r} c={c:5d} tree={i} paired rps={rps:7.1f} p50={lat['p50'] / 1000:7.1f} "
+              f"p99={lat['p99'] / 1000:8.1f} failed={sum(res['errors'].values())} "
+              f"gw_cpu={gw_ms:.3f}ms", flush=True)
 
 
 def point(a: argparse.Namespace, r: int, c: int, i: int, url: str, key: str,
@@ -113,7 +176,8 @@ def point(a: argparse.Namespace, r: int, c: int, i: int, url: str, key: str,
     spy = None
     if f"{i}:{c}" in a.profile.split(","):
         spy = subprocess.Popen(
-            ["py-spy", "record", "--format", "raw", "--rate", "100", "--gil", "-d", str(a.d),
+            ["py-spy", "record", "--format", "raw", "--rate", str(a.profile_rate), "--gil",
+             "-d", str(a.d),
              "-o", f"/tmp/prof-{i}-{c}.txt", "-p", str(w[0].pid)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     res = procs.run_wrk(f"{url}/v1/chat/completions", connections=c, duration_s=a.d,

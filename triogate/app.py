@@ -168,7 +168,7 @@ async def open_gateway(
 
         def settled(batch: PostCallBatch) -> None:
             if metrics_box:
-                metrics_box[0].redis_waits.labels("after").observe(batch.rounds)
+                metrics_box[0].redis_waits_child("after").observe(batch.rounds)
 
         settler = Settler(
             backends, tracer=spans or tracer, journal=Journal(state_dir / "journal"),

@@ -31,8 +31,30 @@ class _Gauges:
             yield GaugeMetricFamily(name, doc, value=value)
 
 
+class _Children:
+    """A metric's children by label values, kept: ``metric.labels(...)`` validates and
+    looks the values up under a lock each call (~1.2 µs); a dict hit is ~0.1 µs. As
+    many children as the metric itself keeps (it never forgets one either)."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class Metrics:
-    """The gateway's metrics. ``read_gauges`` is called at every scrape."""
+    """The gateway's metrics. ``read_gauges`` is called at every scrape.
+
+    The hot path observes through the ``*_child`` lookups (cached children), not
+    ``metric.labels(...)``.
+    """
 
     def __init__(self, read_gauges: Callable[[], dict[str, tuple[str, float]]] | None = None):
         self.registry = CollectorRegistry(auto_describe=True)
@@ -83,6 +105,13 @@ class Metrics:
         )
         if read_gauges is not None:
             self.registry.register(_Gauges(read_gauges))
+        self.requests_child = _Children(self.requests)
+        self.latency_child = _Children(self.latency)
+        self.ttft_child = _Children(self.ttft)
+        self.redis_waits_child = _Children(self.redis_waits)
+        self.spend_child = _Children(self.spend)
+        self.upstream_attempts_child = _Children(self.upstream_attempts)
+        self.degraded_child = _Children(self.degraded)
 
     def render(self) -> bytes:
         """The text exposition format."""
@@ -91,20 +120,20 @@ class Metrics:
     def observe_request(self, route: str, group: str, deployment: str, status: int,
                         duration_s: float, *, cost_nanousd: int = 0) -> None:
         """Count one finished request, its duration and what it was charged."""
-        self.requests.labels(route, group, deployment, str(status)).inc()
-        self.latency.labels(route, group).observe(duration_s)
+        self.requests_child(route, group, deployment, str(status)).inc()
+        self.latency_child(route, group).observe(duration_s)
         if cost_nanousd:
-            self.spend.labels(group).inc(cost_nanousd / 1e9)
+            self.spend_child(group).inc(cost_nanousd / 1e9)
 
     def observe_attempts(self, attempts: Iterable[tuple[str, bool, object, float]]) -> None:
         """Count a request's upstream calls (``routing.Attempt`` tuples), ok or error."""
         for deployment_id, ok, _error, _latency_s in attempts:
-            self.upstream_attempts.labels(deployment_id, "ok" if ok else "error").inc()
+            self.upstream_attempts_child(deployment_id, "ok" if ok else "error").inc()
 
     def observe_waits(self, before: int, after: int) -> None:
         """Record a request's Redis waits."""
-        self.redis_waits.labels("before").observe(before)
-        self.redis_waits.labels("after").observe(after)
+        self.redis_waits_child("before").observe(before)
+        self.redis_waits_child("after").observe(after)
 
 
 def label(value: Any) -> str:

@@ -102,18 +102,19 @@ async def test_a_participant_failing_during_admission_gives_back_what_the_others
         async with tenant(tmp_path, redis_url, upstream, rpm_limit=100,
                           max_budget_nanousd=10**12) as (gateway, http, key):
             router = type(gateway.services.router)
-            real = router.read
+            # Admission reads the routing state as declare_read + finish_read (no task).
+            real = router.finish_read
 
             async def read_then_fail(self: Any, *args: Any) -> Any:
                 await real(self, *args)
                 raise RuntimeError("a bug in a participant")
 
-            monkeypatch.setattr(router, "read", read_then_fail)
+            monkeypatch.setattr(router, "finish_read", read_then_fail)
             for _ in range(3):
                 failed = await http.post("/v1/chat/completions", json=CHAT)
                 assert failed.status_code == 500
                 assert "a bug" not in failed.text and "Traceback" not in failed.text
-            monkeypatch.setattr(router, "read", real)
+            monkeypatch.setattr(router, "finish_read", real)
             await still_served(http)
             rows = await spend_rows(gateway)
             slots = await redis.execute([("ZCARD", f"tg:{{key:{hash_key(key)}}}:rl:par")])

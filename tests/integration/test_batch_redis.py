@@ -89,3 +89,29 @@ async def test_resp_backend_round_trips_types(redis: RespBackend) -> None:
             ]
         )
     assert replies == [b"OK", 42, [b"42", None], [1, b"two", [3]], b"OK", b"\x00\xff"]
+
+
+async def test_a_pipeline_larger_than_the_socket_buffer_goes_out_whole(
+    redis: RespBackend,
+) -> None:
+    """The round trip writes the socket directly; what the kernel does not take at once
+    (8 MiB here) follows through the stream, and the replies still match their commands."""
+    big = b"x" * (8 * 1024 * 1024)
+    with trio.fail_after(10):
+        replies = await redis.execute(
+            [("SET", "big", big), ("STRLEN", "big"), ("GETRANGE", "big", 0, 3)])
+    assert replies == [b"OK", len(big), b"xxxx"]
+    with trio.fail_after(10):
+        assert await redis.execute([("GET", "big")]) == [big]  # many reads for one reply
+
+
+async def test_a_cancelled_pipeline_is_not_sent(redis: RespBackend) -> None:
+    """A free pool slot is taken without a scheduler pass; cancellation is still checked
+    before the pipeline leaves, so a cancelled owner never has a write it did not see."""
+    await redis.execute([("SET", "counted", "0")])
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await redis.execute([("INCR", "counted")])
+    assert scope.cancelled_caught
+    with trio.fail_after(5):
+        assert await redis.execute([("GET", "counted")]) == [b"0"]

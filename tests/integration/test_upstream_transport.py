@@ -229,3 +229,47 @@ async def test_post_refuses_header_injection_and_bounds_the_call(server) -> None
     assert transport.idle_connections() == 0
     assert transport._slots.value == transport.max_connections
     await transport.aclose()
+
+
+async def test_idle_connections_under_the_newest_expire_too(server) -> None:  # type: ignore[no-untyped-def]
+    """After a burst, the connections left under the one in use expire when their time
+    is up (the keep-alive cap is as high as the connection cap: they must not linger)."""
+    url = await server(lambda head: [b"<pause>", *_fixed(b"{}")])
+    transport = UpstreamTransport(max_connections=10, max_keepalive_connections=10,
+                                  keepalive_expiry_s=1.0)
+
+    async def call() -> None:
+        status, _ = await transport.post(url + "/v1/x", headers={}, content=b"{}",
+                                         timeout_s=5)
+        assert status == 200
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):  # a burst: three connections, then all idle
+                nursery.start_soon(call)
+        assert transport.idle_connections() == 3
+        await call()  # reuses the newest for 0.5 s: its idle time starts again
+        await trio.sleep(0.6)  # the two under it have been idle 1.1 s, the newest 0.6 s
+        await call()
+    assert transport.connections_opened == 3
+    assert transport.idle_connections() == 1
+    await transport.aclose()
+
+
+async def test_a_cancelled_call_sends_nothing(server) -> None:  # type: ignore[no-untyped-def]
+    """A free slot is taken without a scheduler pass, but cancellation is still checked
+    before the request leaves: the upstream never sees (nor bills) it."""
+    heads: list[bytes] = []
+    url = await server(lambda head: heads.append(head) or _fixed(b"{}"))
+    transport = UpstreamTransport(max_connections=10, max_keepalive_connections=10,
+                                  keepalive_expiry_s=30)
+    status, _ = await transport.post(url + "/v1/x", headers={}, content=b"{}", timeout_s=5)
+    assert status == 200 and len(heads) == 1  # a kept-alive connection is there
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await transport.post(url + "/v1/x", headers={}, content=b"{}", timeout_s=5)
+    assert scope.cancelled_caught
+    await trio.sleep(0.2)
+    assert len(heads) == 1
+    assert transport.idle_connections() == 1  # nothing was sent on it: still reusable
+    await transport.aclose()

@@ -33,12 +33,12 @@ if TYPE_CHECKING:
 
     from triogate.api.records import Call
     from triogate.api.services import Services
-    from triogate.batch import BatchScope, Participant
-    from triogate.cache.response import CachedResponse
+    from triogate.batch import Batch, Participant
+    from triogate.cache.response import CachedResponse, PendingLookup
     from triogate.governance.budgets import BudgetOutcome
     from triogate.governance.principals import Identity
     from triogate.governance.rate_limits import RateOutcome
-    from triogate.routing.router import RoutingState
+    from triogate.routing.router import PendingRead, RoutingState
 
 logger = logging.getLogger("triogate.api.admission")
 
@@ -68,50 +68,51 @@ def estimate_nanousd(services: Services, call: Call) -> int:
     )
 
 
-async def _govern(
-    services: Services, scope: BatchScope, who: Participant[Identity | Rejected],
-    request: RequestFacts,
-) -> tuple[Participant[BudgetOutcome], Participant[RateOutcome]] | None:
-    """Wait for the identity, then start budgets and rate limits as participants.
-
-    With the identity in memory ``who`` is done before anyone waits, so the two checks
-    declare in the same round as routing and the cache: the dependency costs nothing.
-    """
-    identity = await who.wait()
+def _governed(identity: Identity | Rejected) -> Identity | None:
+    """The identity budgets and rate limits apply to, or None (a rejection; the master
+    key without an end user)."""
     if isinstance(identity, Rejected) or (identity.master and identity.end_user is None):
         return None
     if identity.master:  # the master key with an end user: only the end user's limits
-        identity = attrs.evolve(identity, master=False)
-    return (
-        scope.start_participant(budgets.reserve, scope.batch, identity, request,
-                                services.checks, services.local, name="budgets"),
-        scope.start_participant(rate_limits.admit, scope.batch, identity, request,
-                                services.checks, services.local, name="rate_limits"),
-    )
+        return attrs.evolve(identity, master=False)
+    return identity
 
 
-async def _cache_lookup(
-    services: Services, scope: BatchScope, who: Participant[Identity | Rejected], call: Call,
-) -> tuple[str, CachedResponse | None] | None:
-    """The cache GET, in the same round as the other checks.
-
-    The namespace depends on the caller (unless the scope is global), so this waits for
-    the identity first; with it in memory that costs no extra round.
+def _declare_cache(
+    services: Services, batch: Batch, identity: Identity | Rejected, call: Call,
+) -> tuple[str, PendingLookup | None] | None:
+    """The cache GET, declared in the same round as the other checks (sync): the
+    namespace and the pending lookup, or None when the caller was refused and the
+    namespace needs it. The namespace depends on the caller (unless the scope is
+    global), so this comes once the identity is known: in memory, that costs no round.
     """
     cache = services.cache
-    if cache is None or not cache.enabled or (call.cache.no_cache and call.cache.no_store):
-        return None
-    identity: Identity | None = None
+    assert cache is not None
+    caller: Identity | None = None
     if cache.needs_identity:
-        result = await who.wait()
-        if isinstance(result, Rejected):
+        if isinstance(identity, Rejected):
             return None
-        identity = result
-    namespace = cache.namespace(identity)
+        caller = identity
+    namespace = cache.namespace(caller)
     if call.cache.no_cache:
         return namespace, None
-    return namespace, await cache.lookup(scope.batch, call.api, call.group, call.body,
-                                         call.cache, namespace=namespace)
+    return namespace, cache.declare_lookup(batch, call.api, call.group, call.body,
+                                           call.cache, namespace=namespace)
+
+
+async def _finish_cache(
+    services: Services, declared: tuple[str, PendingLookup | None] | Exception | None,
+) -> tuple[str, CachedResponse | None] | None:
+    """The cache participant's result: (namespace, hit or None), or None."""
+    if isinstance(declared, Exception):
+        await trio.lowlevel.checkpoint()
+        raise declared
+    if declared is None:
+        await trio.lowlevel.checkpoint()
+        return None
+    assert services.cache is not None
+    namespace, pending = declared
+    return namespace, await services.cache.finish_lookup(pending)
 
 
 async def admit(services: Services, call: Call) -> Admission:
@@ -137,44 +138,71 @@ async def admit(services: Services, call: Call) -> Admission:
         estimate_tokens=tokens,
         now_ms=now_ms,
     )
+    # The request's own task is the scope's host: it declares the routing read, resolves
+    # the identity (in memory: no wait), declares the cache GET and reserves the budgets
+    # in its own task, so that only the rate limits need a task. The budgets' wait is the
+    # round's: by then everything else of the round is declared (or its task started).
+    route: Participant[RoutingState] | None = None
+    budget_p: Participant[BudgetOutcome] | None = None
+    rates_p: Participant[RateOutcome] | None = None
+    cached: Participant[tuple[str, CachedResponse | None] | None] | None = None
     async with open_batch_scope(
         services.backends, tracer=services.flush_tracer, trace_id=call.trace_id,
-        rounds_before=call.request.waits_before_admission,
+        rounds_before=call.request.waits_before_admission, host=True,
     ) as scope:
-        who = scope.start_participant(
+        try:
+            pending_route: PendingRead | Exception = services.router.declare_read(
+                scope.batch, call.group, facts)
+        except Exception as exc:  # UnknownGroup: raised below, as the participant's was
+            pending_route = exc
+        who = await scope.run_inline(
             auth.resolve, services, scope.batch, call.request,
-            call.routing.model or call.group, call.end_user,
-            call.tags, name="auth",
+            call.routing.model or call.group, call.end_user, call.tags, name="auth",
         )
-        route = scope.start_participant(
-            services.router.read, scope.batch, call.group, facts, name="routing"
-        )
-        governance = scope.start_participant(_govern, services, scope, who, request,
-                                             name="governance")
-        cached = scope.start_participant(_cache_lookup, services, scope, who, call,
-                                         name="cache")
+        resolved = _done(who)
+        governed = _governed(resolved) if resolved is not None else None
+        cache = services.cache
+        declared_cache: tuple[str, PendingLookup | None] | Exception | None = None
+        use_cache = (resolved is not None and cache is not None and cache.enabled
+                     and not (call.cache.no_cache and call.cache.no_store))
+        if use_cache:
+            assert resolved is not None
+            try:
+                declared_cache = _declare_cache(services, scope.batch, resolved, call)
+            except Exception as exc:  # raised below, as the participant's was
+                declared_cache = exc
+        if governed is not None:
+            rates_p = scope.start_participant(
+                rate_limits.admit, scope.batch, governed, request, services.checks,
+                services.local, name="rate_limits")
+            budget_p = await scope.run_inline(
+                budgets.reserve, scope.batch, governed, request, services.checks,
+                services.local, name="budgets")
+        route = await scope.run_inline(_finish_route, services, pending_route, name="routing")
+        if use_cache:
+            cached = await scope.run_inline(_finish_cache, services, declared_cache,
+                                            name="cache")
     waits = scope.statistics().rounds  # the alias lookup's rounds included
-    services.metrics.redis_waits.labels("before").observe(waits)
+    services.metrics.redis_waits_child("before").observe(waits)
     try:
         identity_or_rejection = who.result()
     except StoreError as exc:
         logger.error("identity lookup failed: %s", exc)
-        await _undo(services, call, facts, request, now_ms, route, None, cached)
+        await _undo(services, call, facts, request, now_ms, route, None, None, cached)
         raise ApiError(503, "the key store is unavailable; try again shortly",
                        "service_unavailable") from None
     except Exception:
-        await _undo(services, call, facts, request, now_ms, route, None, cached)
+        await _undo(services, call, facts, request, now_ms, route, None, None, cached)
         raise
     identity = None if isinstance(identity_or_rejection, Rejected) else identity_or_rejection
     try:
         state = route.result()
-        checks = governance.result()
-        lookup = cached.result()
-        budget = checks[0].result() if checks else None
-        rates = checks[1].result() if checks else None
+        lookup = cached.result() if cached is not None else None
+        budget = budget_p.result() if budget_p is not None else None
+        rates = rates_p.result() if rates_p is not None else None
     except Exception:
         # One participant failed unexpectedly (a bug): the others may hold reservations.
-        await _undo(services, call, facts, request, now_ms, route, governance, cached,
+        await _undo(services, call, facts, request, now_ms, route, budget_p, rates_p, cached,
                     identity=identity)
         raise
     decisions: list[Decision | None] = [
@@ -200,7 +228,7 @@ async def admit(services: Services, call: Call) -> Admission:
                                strict=True):
         if decision is not None and decision.degraded:
             admission.degraded = True
-            services.metrics.degraded.labels(check).inc()
+            services.metrics.degraded_child(check).inc()
         if isinstance(decision, Allowed):
             admission.extra_headers.update(decision.headers)
     return admission
@@ -214,22 +242,29 @@ def _done(participant: Participant[T]) -> T | None:
         return None
 
 
+async def _finish_route(services: Services, pending: PendingRead | Exception
+                        ) -> RoutingState:
+    if isinstance(pending, Exception):
+        await trio.lowlevel.checkpoint()
+        raise pending
+    return await services.router.finish_read(pending)
+
+
 async def _undo(
     services: Services, call: Call, facts: RoutingFacts, request: RequestFacts, now_ms: int,
     route: Participant[RoutingState],
-    governance: Participant[tuple[Participant[BudgetOutcome], Participant[RateOutcome]] | None]
-    | None,
-    cached: Participant[tuple[str, CachedResponse | None] | None],
+    budget: Participant[BudgetOutcome] | None,
+    rates: Participant[RateOutcome] | None,
+    cached: Participant[tuple[str, CachedResponse | None] | None] | None,
     *, identity: Identity | None = None,
 ) -> None:
     """Admission failed part-way: settle, as a rejection, what the others reserved."""
-    checks = _done(governance) if governance is not None else None
     admission = Admission(
         identity=identity, rejection=None, routing=_done(route), facts=facts,
         request=request, now_ms=now_ms,
-        budgets=_done(checks[0]) if checks else None,
-        rates=_done(checks[1]) if checks else None,
-        cache_namespace=(_done(cached) or (None, None))[0],
+        budgets=_done(budget) if budget is not None else None,
+        rates=_done(rates) if rates is not None else None,
+        cache_namespace=((_done(cached) if cached is not None else None) or (None, None))[0],
     )
     with trio.CancelScope(shield=True):
         await settlement.settle(services, call, admission, outcome=settlement.rejected(500))

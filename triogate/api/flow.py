@@ -194,7 +194,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         result = await _route(services, call, admitted, attempt)
     opened = result.value
     first_token_s = trio.current_time() - call.request.started_at
-    services.metrics.ttft.labels(call.route, call.group).observe(first_token_s)
+    services.metrics.ttft_child(call.route, call.group).observe(first_token_s)
 
     async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
         events: list[dict[str, Any]] = []

@@ -28,8 +28,10 @@ class Handle(Generic[T]):
     flush happen: the awaiting participant counts as waiting) and returns the reply, or
     raises this owner's error only: :class:`CommandError` for an error reply,
     :class:`BackendUnavailable` if the pipeline failed as a whole. Awaiting a handle that
-    is already resolved returns at once (still a checkpoint). Handles are made by
-    ``Batch.call``; there is no public constructor.
+    is already resolved returns at once; in a batch scope that await is a cancel point
+    but not a schedule point (the round's wait was one; the replies of a round resolve
+    together, and a participant reading them one by one would otherwise yield for each).
+    Handles are made by ``Batch.call``; there is no public constructor.
     """
 
     __slots__ = ("_command", "_done", "_error", "_source", "_value", "_waiters")

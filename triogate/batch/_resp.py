@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import ssl
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
@@ -67,10 +68,13 @@ _DISCONNECTED = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 class _Connection:
     """One socket and its reply parser."""
 
-    __slots__ = ("idle_since", "reader", "received", "stream")
+    __slots__ = ("fd", "idle_since", "reader", "received", "stream")
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
+        #: The socket's descriptor for plain TCP and unix sockets (-1 under TLS): the
+        #: round trip writes and reads it directly (see :meth:`roundtrip`).
+        self.fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self.reader = hiredis.Reader(replyError=CommandError)
         #: Trio time this connection went back to the pool.
         self.idle_since = 0.0
@@ -78,20 +82,49 @@ class _Connection:
         self.received = False
 
     async def roundtrip(self, packed: bytes, count: int) -> list[object]:
+        """Send ``packed``, read ``count`` replies. A checkpoint.
+
+        On a plain socket the pipeline is written with one ``write`` (the stream's
+        ``send_all`` for what the kernel did not take) and replies are read after
+        ``wait_readable``: trio's socket methods wrap each call in an async context
+        manager and a scheduler pass even when it succeeds at once, and a pipeline's
+        reply is never there before it is sent, so the read waits anyway.
+        """
         self.received = False
-        await self.stream.send_all(packed)
+        fd = self.fd
+        if fd < 0:
+            await self.stream.send_all(packed)
+        else:
+            try:
+                sent = os.write(fd, packed)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(packed):
+                await self.stream.send_all(memoryview(packed)[sent:])
+        waited = False
         replies: list[object] = []
         reader = self.reader
         while len(replies) < count:
             reply = reader.gets()
             if reply is False:
-                data = await self.stream.receive_some(_RECEIVE_BYTES)
+                if fd < 0:
+                    data = bytes(await self.stream.receive_some(_RECEIVE_BYTES))
+                    waited = True
+                else:
+                    try:
+                        data = os.read(fd, _RECEIVE_BYTES)
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(fd)
+                        waited = True
+                        continue
                 if not data:
                     raise trio.BrokenResourceError("server closed the connection")
                 self.received = True
-                reader.feed(bytes(data))
+                reader.feed(data)
                 continue
             replies.append(reply)
+        if not waited:  # a schedule point that cannot lose the replies, as recv's is
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return replies
 
     def looks_closed(self) -> bool:
@@ -182,8 +215,18 @@ class RespBackend:
         self._commands += len(commands)
         with trio.move_on_after(self._timeout_s) as timeout:
             try:
-                async with self._slots:
+                # A free slot without the scheduler pass ``async with`` would cost: the
+                # round trip below is the checkpoint. Cancellation is checked before the
+                # pipeline leaves (a script the server ran must be one its owner saw).
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    self._slots.acquire_nowait()
+                except trio.WouldBlock:
+                    await self._slots.acquire()
+                try:
                     return await self._send(packed, len(commands))
+                finally:
+                    self._slots.release()
             except _DISCONNECTED as exc:
                 self._failures += 1
                 raise BackendUnavailable(self._name, f"{type(exc).__name__}: {exc}") from exc

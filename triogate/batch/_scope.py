@@ -7,6 +7,11 @@ another participant's result) or has finished: everything declared so far leaves
 pipeline per backend. A participant that declares after a flush is in the next round.
 So the number of waits equals the depth of the dependency chain.
 
+With ``host=True`` the scope's body is itself a participant, live until it exits: it can
+run participants in its own task (``BatchScope.run_inline``), which spares the spawn and
+the scheduling of a task per participant; only its last declaration before a wait may
+wait inline (calls run one after another).
+
 Participants' exceptions are captured (``Exception`` only; cancellation propagates):
 one subsystem failing does not cancel the others, and ``Participant.result()`` re-raises
 it for whoever decides. Cancelling the scope (the client went away) cancels the
@@ -174,6 +179,7 @@ class BatchScope:
     _rounds: int
     _commands: int
     _started: int
+    _host: Participant[None] | None
 
     def __init__(self) -> None:
         raise TypeError("use open_batch_scope")
@@ -202,6 +208,7 @@ class BatchScope:
         self._rounds = rounds_before
         self._commands = 0
         self._started = 0
+        self._host = None
         self.batch = Batch._create(self)
         return self
 
@@ -232,6 +239,56 @@ class BatchScope:
         self._started += 1
         self._nursery.start_soon(self._run_participant, participant, fn, args, name=label)
         return participant
+
+    async def run_inline(
+        self, fn: Callable[..., Awaitable[T]], *args: object, name: str | None = None
+    ) -> Participant[T]:
+        """Run ``fn(*args)`` in the calling task, the scope's host; return it as a finished
+        :class:`Participant`.
+
+        Only in a scope opened with ``host=True``, from its body: the body counts as one
+        live participant from entry to exit, so ``fn`` waiting on a handle counts as the
+        body waiting, and a round leaves when every other participant waits too. What a
+        task would cost (a spawn, a first schedule, an exit, a wake-up of the nursery) is
+        not paid. Calls run one after another: only the last declaration of a round may
+        wait in an inline call (a call that waits first sends the round without what is
+        declared after it). ``fn``'s ``Exception`` is captured as for
+        :meth:`start_participant`; cancellation propagates. A checkpoint if ``fn`` is.
+
+        Raises:
+            RuntimeError: not called from the body of a ``host=True`` scope.
+        """
+        host = self._host
+        if host is None or self._by_task.get(trio.lowlevel.current_task()) is not host:
+            raise RuntimeError("run_inline needs the body of a scope opened with host=True")
+        if self._closed:
+            raise BatchClosed("the batch scope is closed")
+        participant: Participant[T] = Participant._create(
+            name or str(getattr(fn, "__qualname__", repr(fn))), self)
+        self._started += 1
+        try:
+            participant._value = await fn(*args)
+        except Exception as exc:  # captured, as a task participant's would be
+            participant._error = exc
+        participant._done = True
+        return participant
+
+    def _enter_host(self) -> None:
+        host: Participant[None] = Participant._create("host", self)
+        self._host = host
+        self._by_task[trio.lowlevel.current_task()] = host
+        self._barrier.started()
+
+    def _leave_host(self) -> None:
+        host = self._host
+        if host is None or host._done:
+            return
+        host._done = True
+        self._by_task.pop(trio.lowlevel.current_task(), None)
+        self._barrier.finished()
+        waiters, host._waiters = host._waiters, []
+        for waiter in waiters:
+            self._wake(waiter, outcome.Value(None))
 
     def statistics(self) -> BatchStatistics:
         """Counters of this scope (sync, cheap)."""
@@ -286,7 +343,10 @@ class BatchScope:
         if not handle._done:
             await self._block_on(handle._waiters)
         else:
-            await trio.lowlevel.checkpoint()
+            # Resolved by a round already waited for: a cancel point, not a schedule point
+            # (see Handle). A participant reading a round's N replies would otherwise give
+            # up the CPU N - 1 times for nothing.
+            await trio.lowlevel.checkpoint_if_cancelled()
         return handle.result()
 
     async def _block_on(self, waiters: list[trio.lowlevel.Task]) -> None:
@@ -352,7 +412,7 @@ class BatchScope:
             self._resolve(handles[i], reply)
 
         def sent(pipeline: PipelineSent) -> None:
-            if self._tracer is not None:
+            if self._tracer is not None:  # always, when passed; for mypy
                 self._tracer.record(
                     FlushRecord(
                         trace_id=self._trace_id,
@@ -368,7 +428,9 @@ class BatchScope:
                 )
 
         try:
-            await send_round(commands, self._backends, deliver, sent=sent)
+            # No tracer: no record to build per pipeline.
+            await send_round(commands, self._backends, deliver,
+                             sent=sent if self._tracer is not None else None)
         finally:
             # Cancelled mid-flight: fail what was not delivered, so no handle dangles.
             for handle in handles:
@@ -426,6 +488,7 @@ async def open_batch_scope(
     trace_id: str | None = None,
     phase: str = BEFORE,
     rounds_before: int = 0,
+    host: bool = False,
 ) -> AsyncIterator[BatchScope]:
     """Open a batch scope: a nursery whose participants share flushes.
 
@@ -437,6 +500,9 @@ async def open_batch_scope(
         phase: ``"before"`` or ``"after"`` the model call, for the records.
         rounds_before: rounds the same trace and phase already waited in an earlier
             scope; this scope's rounds are numbered after them (records, statistics).
+        host: the body itself is a participant, live until it exits, and may run
+            participants in its own task with :meth:`BatchScope.run_inline` (no task
+            each). No round leaves while the body runs without waiting on the batch.
 
     On exit, waits for every participant; commands declared and never awaited still
     leave in a last round. Entering is not a checkpoint; exiting is.
@@ -448,7 +514,14 @@ async def open_batch_scope(
                 nursery, backends, tracer, trace_id or f"scope-{next(_trace_ids)}", phase,
                 rounds_before,
             )
-            yield scope
+            if host:
+                scope._enter_host()
+            try:
+                yield scope
+            except BaseException:
+                scope._leave_host()
+                raise
+            scope._leave_host()
             # Leftovers (declared, never awaited) leave once the participants allow it;
             # the nursery's exit then waits for participants and flushes alike.
             scope._check()

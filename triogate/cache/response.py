@@ -45,7 +45,7 @@ from triogate.providers.records import Usage
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from triogate.batch import Batch, PostCallBatch
+    from triogate.batch import Batch, Handle, PostCallBatch
     from triogate.config import CacheSettings
     from triogate.governance.principals import Identity
     from triogate.providers.records import Api
@@ -252,6 +252,16 @@ def _scope(_: object, __: attrs.Attribute[Any], value: str) -> None:
 
 
 @attrs.frozen(kw_only=True)
+class PendingLookup:
+    """A declared cache GET (:meth:`ResponseCache.declare_lookup`) waiting for its round."""
+
+    key: str
+    api: Api
+    body: Mapping[str, Any]
+    handle: Handle[object]
+
+
+@attrs.frozen(kw_only=True)
 class ResponseCache:
     """The exact-match response cache (see the module docstring).
 
@@ -322,18 +332,45 @@ class ResponseCache:
         Raises:
             BatchClosed: the batch has closed (a wiring error, not a Redis failure).
         """
+        return await self.finish_lookup(
+            self.declare_lookup(batch, api, group, body, control, namespace=namespace))
+
+    def declare_lookup(
+        self,
+        batch: Batch,
+        api: Api,
+        group: str,
+        body: Mapping[str, Any],
+        control: CacheControl,
+        *,
+        namespace: str,
+    ) -> PendingLookup | None:
+        """:meth:`lookup`'s GET alone (sync; None: nothing to look up), for a caller that
+        waits on the batch anyway (the admission's host): no task for one GET. Then
+        :meth:`finish_lookup`.
+
+        Raises:
+            BatchClosed: the batch has closed.
+        """
         if not self.enabled or control.no_cache:
-            await trio.lowlevel.checkpoint()
             return None
         try:
             key = cache_key(api, group, body, namespace=namespace)
         except TypeError as exc:
             logger.warning("request not cacheable: %s", exc)
-            await trio.lowlevel.checkpoint()
             return None
         handle = batch.call("GET", keys=[key], backend=self.backend, owner=OWNER)
+        return PendingLookup(key=key, api=api, body=body, handle=handle)
+
+    async def finish_lookup(self, pending: PendingLookup | None) -> CachedResponse | None:
+        """The answer a :meth:`declare_lookup` found, or None (see :meth:`lookup`). A
+        checkpoint (a cancel point only when its round has been waited for already)."""
+        if pending is None:
+            await trio.lowlevel.checkpoint()
+            return None
+        key, api = pending.key, pending.api
         try:
-            raw = await handle
+            raw = await pending.handle
         except (BackendUnavailable, CommandError) as exc:
             logger.warning("cache read failed, treated as a miss: %s", exc)
             return None
@@ -347,7 +384,7 @@ class ResponseCache:
         except ValueError as exc:
             logger.warning("cache entry %s does not decode (%s); treated as a miss", key, exc)
             return None
-        return attrs.evolve(cached, body=personalise(api, cached.body, body))
+        return attrs.evolve(cached, body=personalise(api, cached.body, pending.body))
 
     def store(
         self,

@@ -19,6 +19,7 @@ httpx's: ``ConnectError``, ``ConnectTimeout``, ``ReadError``, ``ReadTimeout``,
 
 from __future__ import annotations
 
+import os
 import ssl
 import weakref
 from typing import TYPE_CHECKING, final
@@ -59,7 +60,7 @@ def register(client: httpx.AsyncClient, transport: UpstreamTransport) -> httpx.A
 class _Connection:
     """One upstream connection and the bytes read from it but not consumed yet."""
 
-    __slots__ = ("buffer", "idle_since", "origin", "plain", "socket", "stream")
+    __slots__ = ("buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
         self.origin = origin
@@ -69,6 +70,7 @@ class _Connection:
         # conflict detector and a contextmanager that turns OSError into stream errors,
         # once per upstream read (per stream chunk); OSError is mapped below anyway.
         self.plain = isinstance(stream, trio.SocketStream)
+        self.fd = socket.fileno()
         self.buffer = bytearray()
         self.idle_since = 0.0
 
@@ -80,16 +82,35 @@ class _Connection:
         try:
             if timeout_s is None:
                 if self.plain:
-                    return await self.socket.recv(_READ_SIZE)
+                    return await self._read()
                 return bytes(await self.stream.receive_some(_READ_SIZE))
             with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
                 if self.plain:
-                    return await self.socket.recv(_READ_SIZE)
+                    return await self._read()
                 return bytes(await self.stream.receive_some(_READ_SIZE))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
         assert scope.cancelled_caught
         raise httpx.ReadTimeout("upstream read timed out", request=request)
+
+    async def _read(self) -> bytes:
+        """``socket.recv`` without trio's wrapper (an async context manager per call):
+        read, or wait until readable and read. Always a checkpoint, as ``recv`` is: a
+        stream whose upstream keeps its socket readable must still let others run."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # before consuming, as recv does
+        try:
+            data = os.read(self.fd, _READ_SIZE)
+        except BlockingIOError:
+            pass
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            try:
+                return os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                continue
 
     async def close(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -268,8 +289,22 @@ def _buffered_chunk(buf: bytearray) -> bytes | None:
 async def _send(
     conn: _Connection, data: bytes, timeout_s: float | None, request: httpx.Request | None
 ) -> None:
-    """Write ``data`` within ``timeout_s`` (None: the caller's deadline bounds it)."""
+    """Write ``data`` within ``timeout_s`` (None: the caller's deadline bounds it).
+
+    On plain TCP, one ``os.write`` first (a request fits the socket buffer): trio's
+    ``send_all`` adds a conflict detector, an async context manager and a scheduler pass
+    even when the kernel takes everything at once. Not a checkpoint then: every caller
+    reads the answer next, which waits.
+    """
     try:
+        if conn.plain:
+            try:
+                sent = os.write(conn.fd, data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
         if timeout_s is None:
             await conn.stream.send_all(data)
         else:
@@ -409,8 +444,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
         pool_timeout = timeouts.get("pool")
         try:
-            with trio.fail_after(pool_timeout if pool_timeout is not None else float("inf")):
-                await self._slots.acquire()
+            await trio.lowlevel.checkpoint_if_cancelled()  # before anything is sent
+            try:
+                self._slots.acquire_nowait()  # as in _post: the reads below are checkpoints
+            except trio.WouldBlock:
+                with trio.fail_after(pool_timeout if pool_timeout is not None
+                                     else float("inf")):
+                    await self._slots.acquire()
         except trio.TooSlowError as exc:
             raise httpx.PoolTimeout("no upstream connection free", request=request) from exc
         conn: _Connection | None = None
@@ -429,6 +469,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     def _pop_idle(self, origin: Origin) -> _Connection | None:
         stack = self._idle.get(origin)
         now = trio.current_time()
+        # The oldest sit at the bottom: expire them too, or after a burst they would stay
+        # open (unused under the newer ones) until the server drops them.
+        while stack and now - stack[0].idle_since >= self._expiry_s:
+            self._discard(stack.pop(0))
         while stack:
             conn = stack.pop()
             # Readable while idle: the server closed it (or sent something unasked).
@@ -528,17 +572,23 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             if len(self._prefixes) >= _MAX_PREFIXES:
                 self._prefixes.clear()
             prefix = self._prefixes[key] = _post_prefix(url, headers)
-        try:
-            with trio.fail_after(timeout_s):
-                return await self._post(prefix, content, timeout_s)
-        except trio.TooSlowError as exc:
-            raise httpx.TimeoutException(f"upstream call took over {timeout_s} s") from exc
+        # A bare scope, not fail_after (a generator context manager around the same scope).
+        with trio.CancelScope(deadline=trio.current_time() + timeout_s):
+            return await self._post(prefix, content, timeout_s)
+        raise httpx.TimeoutException(f"upstream call took over {timeout_s} s")
 
     async def _post(
         self, prefix: tuple[Origin, bytes], content: bytes, timeout_s: float
     ) -> tuple[int, bytes]:
         origin, head = prefix
-        await self._slots.acquire()
+        # A free slot without Semaphore.acquire's scheduler pass: the read of the answer
+        # below waits, and is the call's checkpoint. Cancellation is still checked before
+        # anything is sent (a request the upstream sees may be billed).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
         conn: _Connection | None = None
         handed = False  # the slot and the connection belong to a _Body
         try:

@@ -40,7 +40,7 @@ from triogate.routing.state import RoutingState as RoutingState
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from triogate.batch import Batch, PostCallBatch
+    from triogate.batch import Batch, Handle, PostCallBatch
     from triogate.config import Deployment, GatewayConfig
 
 T = TypeVar("T")
@@ -83,6 +83,17 @@ class RoutingFacts:
     now_ms: int
     estimate_tokens: int = 0
     request: RequestRouting = attrs.Factory(RequestRouting)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PendingRead:
+    """The declarations of :meth:`Router.declare_read`, waiting for their round."""
+
+    group: str
+    facts: RoutingFacts
+    groups: tuple[str, ...]
+    handles: tuple[Handle[object], ...]
 
 
 @final
@@ -159,6 +170,16 @@ class Router:
         Raises:
             UnknownGroup: ``group`` is not configured.
         """
+        return await self.finish_read(self.declare_read(batch, group, facts))
+
+    def declare_read(self, batch: Batch, group: str, facts: RoutingFacts) -> PendingRead:
+        """:meth:`read`'s declarations alone (sync): a caller that waits on the batch for
+        something else anyway (the admission's host) reads the state without a task, with
+        :meth:`finish_read` once the round has left.
+
+        Raises:
+            UnknownGroup: ``group`` is not configured.
+        """
         groups = self.route_groups(group, facts.request)
         least_busy = self._strategy == strategies.LEAST_BUSY
         # Where the claim's scan starts: ties go to a random deployment, not the first.
@@ -184,9 +205,15 @@ class Router:
                     owner=OWNER,
                 )
             )
+        return PendingRead(group=group, facts=facts, groups=groups, handles=tuple(handles))
+
+    async def finish_read(self, pending: PendingRead) -> RoutingState:
+        """The :class:`RoutingState` of a :meth:`declare_read`: awaits its handles (the
+        first await is the round's wait unless it has left already). A checkpoint."""
+        facts = pending.facts
         states: list[GroupState] = []
         claimed: str | None = None
-        for g, handle in zip(groups, handles, strict=True):
+        for g, handle in zip(pending.groups, pending.handles, strict=True):
             deployments = self._groups[g]
             try:
                 index, state = _parse_state(g, deployments, await handle)
@@ -199,7 +226,7 @@ class Router:
                     claimed = deployments[index - 1].id
             states.append(state)
         return RoutingState(
-            group=group,
+            group=pending.group,
             groups=tuple(states),
             request_id=facts.request_id,
             estimate_tokens=facts.estimate_tokens,

@@ -23,7 +23,7 @@ from triogate.batch.testing import FaultyBackend, RecordingBackend
 if TYPE_CHECKING:
     from trio.testing import MockClock
 
-    from triogate.batch import Participant
+    from triogate.batch import BatchScope, Participant
 
 
 async def get_and_wait(batch: Batch, owner: str) -> object:
@@ -305,3 +305,140 @@ async def test_a_trace_spanning_two_scopes_numbers_its_rounds_on(
     assert [r.round for r in tracer.records("t")] == [1, 2]
     assert second.statistics().rounds == 2
     assert tracer.summary("t").waits_before == 2
+
+
+# ---------------------------------------------------------------- host=True, run_inline
+
+
+async def test_inline_declarations_share_the_round_of_task_participants(
+    autojump_clock: MockClock,
+) -> None:
+    """The body declares, starts a task and waits inline last: ONE round, no extra task."""
+    backend = RecordingBackend({"GET": b"1"})
+
+    async def decide_at_once() -> str:
+        return "identity"  # what an identity in memory costs: no wait
+
+    async with open_batch_scope({"default": backend}, host=True) as scope:
+        who = await scope.run_inline(decide_at_once, name="auth")
+        routing = scope.batch.call("GET", keys=["routing"], owner="routing")
+        rl = scope.start_participant(get_and_wait, scope.batch, "rate_limits",
+                                     name="rate_limits")
+        budgets = await scope.run_inline(get_and_wait, scope.batch, "budgets", name="budgets")
+        assert routing.done  # left in the round budgets waited for
+        assert await routing == b"1"
+    assert [len(p) for p in backend.pipelines] == [3]
+    assert scope.statistics().rounds == 1
+    assert scope.statistics().participants == 3
+    assert (who.result(), rl.result(), budgets.result()) == ("identity", b"1", b"1")
+
+
+async def test_the_host_holds_the_round_until_it_waits(autojump_clock: MockClock) -> None:
+    """A task participant waiting does not send the round while the body still works: the
+    body's later declaration joins it (the host counts as live, not waiting)."""
+    backend = RecordingBackend({"GET": b"1"})
+    async with open_batch_scope({"default": backend}, host=True) as scope:
+        first = scope.start_participant(get_and_wait, scope.batch, "first", name="first")
+        await trio.sleep(0.5)  # the task declares and waits meanwhile
+        assert backend.pipelines == []
+        late = scope.batch.call("GET", keys=["late"], owner="late")
+    assert [len(p) for p in backend.pipelines] == [2]
+    assert first.result() == b"1"
+    assert late.result() == b"1"
+
+
+async def test_an_inline_wait_after_a_round_lands_in_round_two(
+    autojump_clock: MockClock,
+) -> None:
+    """Inline calls run one after another: the second one's declaration is a new round."""
+    backend = RecordingBackend({"GET": b"1"})
+    async with open_batch_scope({"default": backend}, host=True) as scope:
+        await scope.run_inline(get_and_wait, scope.batch, "a")
+        await scope.run_inline(get_and_wait, scope.batch, "b")
+    assert [len(p) for p in backend.pipelines] == [1, 1]
+    assert scope.statistics().rounds == 2
+
+
+async def test_an_inline_error_is_captured_like_a_tasks(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend({"GET": b"1"})
+
+    async def broken() -> None:
+        raise KeyError("bug")
+
+    async with open_batch_scope({"default": backend}, host=True) as scope:
+        failed = await scope.run_inline(broken, name="broken")
+        other = scope.start_participant(get_and_wait, scope.batch, "other", name="other")
+    with pytest.raises(KeyError):
+        failed.result()
+    assert other.result() == b"1"
+
+
+async def test_run_inline_needs_the_host(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend({"GET": b"1"})
+
+    async def nothing() -> None:
+        await trio.lowlevel.checkpoint()
+
+    async with open_batch_scope({"default": backend}) as scope:
+        with pytest.raises(RuntimeError, match="host=True"):
+            await scope.run_inline(nothing)
+
+    async def from_a_task(scope: BatchScope) -> None:
+        await scope.run_inline(nothing)
+
+    async with open_batch_scope({"default": backend}, host=True) as plain:
+        task = plain.start_participant(from_a_task, plain, name="task")
+    with pytest.raises(RuntimeError, match="host=True"):
+        task.result()
+
+
+async def test_cancelling_a_waiting_host_leaves_no_round_behind(
+    autojump_clock: MockClock,
+) -> None:
+    backend = FaultyBackend(RecordingBackend({"GET": b"1"}), delay_s=5.0)
+    with trio.move_on_after(1.0):
+        async with open_batch_scope({"default": backend}, host=True) as scope:
+            await scope.run_inline(get_and_wait, scope.batch, "host")
+    assert trio.current_time() == 1.0
+    assert scope.statistics().live == 0
+
+
+async def test_reading_a_rounds_replies_yields_once(autojump_clock: MockClock) -> None:
+    """The first await is the round's wait; the handles it resolved with it are read
+    without giving up the CPU again (a cancel point still: see the next test)."""
+    backend = RecordingBackend({"GET": b"1"})
+    steps: list[str] = []
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            steps.append(task.name)
+
+    async def three(batch: Batch) -> list[object]:
+        handles = [batch.call("GET", keys=[f"k{i}"], owner="three") for i in range(3)]
+        return [await h for h in handles]
+
+    trio.lowlevel.add_instrument(Steps())
+    async with open_batch_scope({"default": backend}) as scope:
+        p = scope.start_participant(three, scope.batch, name="three")
+    assert p.result() == [b"1", b"1", b"1"]
+    assert steps.count("three") == 2  # its start, and its wake-up after the round
+
+
+async def test_awaiting_a_resolved_handle_is_still_a_cancel_point(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend({"GET": b"1"})
+    reached: list[object] = []
+
+    async def read_after_cancel(batch: Batch, outer: trio.CancelScope) -> None:
+        first = batch.call("GET", keys=["a"], owner="o")
+        second = batch.call("GET", keys=["b"], owner="o")
+        await first
+        outer.cancel()
+        reached.append(await second)
+
+    with trio.CancelScope() as outer:
+        async with open_batch_scope({"default": backend}) as scope:
+            scope.start_participant(read_after_cancel, scope.batch, outer, name="p")
+    assert outer.cancelled_caught
+    assert reached == []  # cancelled at the second await, though its reply was there

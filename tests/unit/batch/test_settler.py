@@ -14,6 +14,7 @@ from triogate.batch import (
     MemoryTracer,
     Settler,
     open_post_call_batch,
+    post_call_batch,
 )
 from triogate.batch.testing import FaultyBackend, RecordingBackend
 
@@ -142,3 +143,59 @@ async def test_cancelling_the_settler_journals_what_was_queued(
     assert await successor.open() == 3
     assert sorted(e.trace_id for e in successor.pending) == ["r0", "r1", "r2"]
     successor.close()
+
+
+async def test_a_sync_post_call_batch_leaves_with_the_next_flush(
+    autojump_clock: MockClock,
+) -> None:
+    """``post_call_batch``: the same hand-off as the async form (group commit included),
+    and closed after the block."""
+    backend = RecordingBackend(delay_s=1)
+    tracer = MemoryTracer()
+    settler = Settler({"default": backend}, tracer=tracer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with post_call_batch(settler, trace_id="r1") as first:
+            first.call("INCRBY", keys=["spend"], args=[5], owner="budgets")
+        with post_call_batch(settler, trace_id="r2") as second:
+            second.call("INCRBY", keys=["spend"], args=[7], owner="budgets")
+        await first.wait_settled()
+        await second.wait_settled()
+        nursery.cancel_scope.cancel()
+    assert backend.commands == ["INCRBY", "INCRBY"]
+    assert [len(p) for p in backend.pipelines] == [2]  # group commit, as the async form
+    assert first.rounds == second.rounds == 1
+    with pytest.raises(BatchClosed):
+        second.call("GET", keys=["x"], owner="late")
+
+
+async def test_a_sync_post_call_batch_hands_off_on_error(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    settler = Settler({"default": backend})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with pytest.raises(KeyError), post_call_batch(settler, trace_id="r1") as post:
+            post.call("INCRBY", keys=["spend"], args=[5], owner="budgets")
+            raise KeyError("a callback's bug")
+        await post.wait_settled()
+        nursery.cancel_scope.cancel()
+    assert backend.commands == ["INCRBY"]
+
+
+async def test_a_group_commit_is_bounded_by_its_commands(autojump_clock: MockClock) -> None:
+    """Batches queued during a flush leave in group commits of at most
+    ``max_commands_per_flush`` commands (one batch at least), in order."""
+    backend = RecordingBackend(delay_s=1)
+    settler = Settler({"default": backend}, max_commands_per_flush=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        for i, size in enumerate((1, 2, 2, 2, 7, 1)):
+            with post_call_batch(settler, trace_id=f"r{i}") as post:
+                for j in range(size):
+                    post.call("INCRBY", keys=[f"k{i}"], args=[j], owner="budgets")
+        await settler.wait_drained()
+        nursery.cancel_scope.cancel()
+    # 1+2+2 = 5; then 2 (2+7 would be 9); then 7 alone (over the bound, but one batch
+    # always leaves); then 1.
+    assert [len(p) for p in backend.pipelines] == [5, 2, 7, 1]
+    assert settler.statistics().batches == 6

@@ -160,6 +160,27 @@ async def test_no_read_when_disabled_or_no_cache(label: str, cache: ResponseCach
     assert rounds == 1
 
 
+async def test_a_lookup_declared_by_the_host_joins_the_round_without_a_task() -> None:
+    """declare_lookup (sync) in a host scope, a neighbour task, finish_lookup: one round,
+    one task; nothing declared when the request said no-cache."""
+    value = encode_entry(KEY, "chat", CHAT_TEXT, USAGE, NOW_MS)
+    backend = RecordingBackend(respond=lambda w: value if text(w[1]) == KEY else None)
+    cache = make_cache()
+    with trio.fail_after(5):
+        async with open_batch_scope({"cache": backend}, host=True) as scope:
+            assert cache.declare_lookup(scope.batch, "chat", "gpt-4o", BODY,
+                                        CacheControl(no_cache=True), namespace=NS) is None
+            pending = cache.declare_lookup(scope.batch, "chat", "gpt-4o", BODY, NO_CONTROL,
+                                           namespace=NS)
+            scope.start_participant(neighbour, scope.batch, name="routing")
+            found = await cache.finish_lookup(pending)
+            assert await cache.finish_lookup(None) is None
+    assert scope.statistics().rounds == 1
+    assert scope.statistics().participants == 1
+    assert sorted(text(c[1]) for c in backend.pipelines[0]) == sorted([KEY, "tg:{routing}:x"])
+    assert found == CachedResponse(body=CHAT_TEXT, usage=USAGE, created_ms=NOW_MS)
+
+
 async def test_lookup_fails_open_when_redis_is_down(caplog: pytest.LogCaptureFixture) -> None:
     backend = FaultyBackend(RecordingBackend())
     backend.down = True
