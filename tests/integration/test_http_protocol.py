@@ -287,3 +287,29 @@ async def test_read_ahead_is_bounded_and_a_client_gone_is_still_noticed(
         await stream.aclose()  # gone: its writes fail, and the app hears of it
         await application.disconnected.wait()
     assert application.events == ["stream disconnect"]
+
+
+async def test_a_head_trickled_a_byte_at_a_time_is_408_at_the_bound(
+    gateway: tuple[App, int],
+) -> None:
+    # Slowloris: each byte comes well within the timeout (0.3 s), the whole head would take
+    # 4 s. The bound runs from the head's first byte, so the answer is 408 after ~0.3 s.
+    _, port = gateway
+    with trio.fail_after(20):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        request = b"GET / HTTP/1.1\r\nx-slow: " + b"a" * 40 + b"\r\n\r\n"
+        started = trio.current_time()
+        answer = b""
+        async with trio.open_nursery() as nursery:
+            async def trickle() -> None:
+                for byte in request:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(0.1)
+
+            nursery.start_soon(trickle)
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+            nursery.cancel_scope.cancel()
+        assert trio.current_time() - started < 1.5
+        assert_error(answer, 408)
+        await stream.aclose()

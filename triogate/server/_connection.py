@@ -7,8 +7,10 @@ body, or, once the body is in, to notice that the client went away (``http.disco
 So a request costs no task, no queue and no lock of the server's.
 
 Timers: the connection's task runs in one cancel scope whose deadline moves: the
-keep-alive while idle, ``body_read_timeout_s`` after each byte of a partly received head,
-none while the application runs. Shutdown moves it to now for an idle connection only.
+keep-alive while idle, ``body_read_timeout_s`` for a partly received head (from its first
+byte: later bytes do not extend it, so a client trickling a byte now and then, slowloris,
+is answered 408 at the bound), none while the application runs. Shutdown moves it to now
+for an idle connection only.
 A body read is bounded by its own scope; when it expires the application sees
 ``http.disconnect`` and the client gets 408.
 
@@ -275,14 +277,19 @@ class Connection:
         timer = self.timer
         queue = self._queue
         config = self.config
+        head_timed = False
         while True:
             if not queue or not queue[0].head_done:
                 if self._error or self._eof:
                     return
-                if queue:  # part of a head: each byte restarts the body-read timeout
+                if queue:
+                    # Part of a head: the whole head must arrive within the timeout from
+                    # its first byte (a byte now and then does not hold it open: slowloris).
                     self.idle = False
-                    timeout = config.body_read_timeout_s
-                    timer.deadline = (trio.current_time() + timeout) if timeout else math.inf
+                    if not head_timed:
+                        head_timed = True
+                        timeout = config.body_read_timeout_s
+                        timer.deadline = (trio.current_time() + timeout) if timeout else math.inf
                 else:
                     if self.closing:
                         return
@@ -295,6 +302,7 @@ class Connection:
                 self._feed(data)
                 continue
             timer.deadline = math.inf
+            head_timed = False
             message = queue[0]
             await self._respond(message)
             queue.popleft()
