@@ -313,3 +313,27 @@ async def test_a_head_trickled_a_byte_at_a_time_is_408_at_the_bound(
         assert trio.current_time() - started < 1.5
         assert_error(answer, 408)
         await stream.aclose()
+
+
+async def test_upgrades_are_answered_as_plain_http_and_connect_is_400(
+    gateway: tuple[App, int], caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, port = gateway
+    with trio.fail_after(20):
+        # An upgrade is ignored: one plain answer, then the close (the frames after the
+        # head are another protocol: never parsed, so no second answer follows).
+        answer = await exchange(port, b"GET /a HTTP/1.1\r\n\r\n" + (
+            b"GET /up HTTP/1.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+            b"\x81\x05hello") * 2)
+        assert answer.count(b"HTTP/1.1 ") == 2 and answer.endswith(b"GET /up  ")
+        assert b"connection: close" in answer.split(b"GET /a  ")[1]
+        # A tunnel, an upgrade whose body the parser skips, an absolute-form target that
+        # is no URL: 400 (not the app's 500, and nothing logged as the app's error).
+        for bad in (b"CONNECT evil:443 HTTP/1.1\r\nhost: evil:443\r\n\r\n",
+                    b"POST /up HTTP/1.1\r\nconnection: upgrade\r\nupgrade: h2c\r\n"
+                    b"content-length: 3\r\n\r\nabc",
+                    b"GET http:// HTTP/1.1\r\n\r\n"):
+            answer = await exchange(port, bad)
+            assert_error(answer, 400)
+            assert answer.count(b"HTTP/1.1 ") == 1
+    assert "error in ASGI application" not in caplog.text

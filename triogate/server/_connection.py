@@ -76,6 +76,10 @@ class _Message:
         self.complete = False
 
 
+class _BadTarget(Exception):
+    """An absolute-form request target that does not parse as a URL (``http://``): 400."""
+
+
 class Connection:
     """One client connection (see the module docstring)."""
 
@@ -96,6 +100,8 @@ class Connection:
         self._parsing: _Message | None = None
         #: Status of a protocol error met while parsing (400, 431); answered in turn.
         self._error = 0
+        #: An upgrade request was parsed: nothing after it is HTTP/1.1.
+        self._upgraded = False
         self._raw_head = 0
         #: Bytes of later requests read while a response is in flight.
         self._ahead = 0
@@ -169,17 +175,29 @@ class Connection:
 
     def _feed(self, data: bytes) -> None:
         """Parse ``data``; a protocol error is kept for its turn (the connection ends then)."""
+        if self._upgraded:
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            # Upgrades (WebSocket, h2c) are not served: answer the request as plain HTTP
-            # and close; what follows the head is not HTTP/1.1.
+            # Upgrades (WebSocket, h2c) are not served: the request is answered as plain
+            # HTTP and the connection closed after it; what follows its head is another
+            # protocol, never parsed. llhttp ends an upgrade request at its head, so one
+            # with a body (curl's h2c upgrade of a POST) cannot be read: 400, as is
+            # CONNECT (a tunnel).
+            self._upgraded = True
             message = self._parsing
             if message is not None:
                 message.complete = True
-                message.keep_alive = False
                 self._parsing = None
-            self._error = self._error or 400
+            if self._queue and not self._error:
+                last = self._queue[-1]
+                last.keep_alive = False
+                if last.method == "CONNECT" or any(
+                        k == b"transfer-encoding" or (k == b"content-length" and v != b"0")
+                        for k, v in last.headers):
+                    self._queue.pop()
+                    self._error = 400
             return
         except httptools.HttpParserError:
             self._error = self._error or 400
@@ -315,7 +333,10 @@ class Connection:
     def _scope(self, message: _Message) -> dict[str, Any]:
         target = message.target
         if target[:1] != b"/" and target != b"*":  # absolute-form (a proxy's request)
-            url = httptools.parse_url(target)
+            try:
+                url = httptools.parse_url(target)
+            except httptools.HttpParserInvalidURLError:
+                raise _BadTarget from None
             raw_path, query = url.path or b"/", url.query or b""
         else:
             raw_path, _, query = target.partition(b"?")
@@ -341,6 +362,9 @@ class Connection:
         try:
             scope = self._scope(message)
             await self.app(scope, self.receive, self.send)
+        except _BadTarget:  # the parser let it through, the URL parser refuses it
+            self._keep = False
+            await self._answer_error(400)
         except Exception:
             logger.exception("error in ASGI application")
             self._keep = False
