@@ -337,3 +337,22 @@ async def test_upgrades_are_answered_as_plain_http_and_connect_is_400(
             assert_error(answer, 400)
             assert answer.count(b"HTTP/1.1 ") == 1
     assert "error in ASGI application" not in caplog.text
+
+
+async def test_a_transfer_coding_other_than_chunked_is_501(gateway: tuple[App, int]) -> None:
+    # llhttp frames ``gzip, chunked`` as chunked: the app would get a body still coded,
+    # and a proxy in front may frame it otherwise. Refused, the body never reaches the app.
+    application, port = gateway
+    with trio.fail_after(20):
+        for coding in (b"gzip, chunked", b"gzip\r\ntransfer-encoding: chunked"):
+            answer = await exchange(port, b"POST /x HTTP/1.1\r\ntransfer-encoding: %b\r\n\r\n"
+                                          b"3\r\nabc\r\n0\r\n\r\nGET /y HTTP/1.1\r\n\r\n" % coding)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 501 ") and b"connection: close" in head
+            assert answer.count(b"HTTP/1.1 ") == 1
+            assert orjson.loads(body)["error"]["message"].startswith("transfer coding")
+        # Chunked in any case is what it says.
+        answer = await exchange(port, b"POST /x HTTP/1.1\r\ntransfer-encoding: Chunked\r\n"
+                                      b"connection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        assert answer.endswith(b"POST /x  abc")
+    assert application.events == ["http.disconnect"]

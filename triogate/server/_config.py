@@ -9,7 +9,7 @@ import attrs
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    #: ``status -> (body, headers)``: what a protocol error (400, 408, 431, 500) carries.
+    #: ``status -> (body, headers)``: what a protocol error (400, 408, 431, 500, 501) carries.
     ErrorBody = Callable[[int], tuple[bytes, list[tuple[bytes, bytes]]]]
 
 

@@ -98,7 +98,7 @@ class Connection:
         self._parser = httptools.HttpRequestParser(self)
         self._queue: collections.deque[_Message] = collections.deque()
         self._parsing: _Message | None = None
-        #: Status of a protocol error met while parsing (400, 431); answered in turn.
+        #: Status of a protocol error met while parsing (400, 431, 501); answered in turn.
         self._error = 0
         #: An upgrade request was parsed: nothing after it is HTTP/1.1.
         self._upgraded = False
@@ -146,8 +146,14 @@ class Connection:
     def on_header(self, name: bytes, value: bytes) -> None:
         message = self._parsing
         assert message is not None
-        message.headers.append((name.lower(), value))
+        name = name.lower()
+        message.headers.append((name, value))
         message.head_size += len(name) + len(value) + 4
+        if name == b"transfer-encoding" and value.lower() != b"chunked":
+            # llhttp takes ``gzip, chunked`` as chunked and would hand the app a body
+            # still gzip-coded; a front proxy may frame it otherwise (smuggling). RFC
+            # 9112 6.1: a coding the server does not understand is 501.
+            self._refuse(message, 501)
 
     def on_headers_complete(self) -> None:
         message = self._parsing
@@ -158,9 +164,13 @@ class Connection:
         message.version = parser.get_http_version()
         message.keep_alive = parser.should_keep_alive() and message.version == "1.1"
         if message.head_size > self.config.max_head_bytes:
-            self._error = self._error or 431
-            if message is not self._msg and message in self._queue:
-                self._queue.remove(message)
+            self._refuse(message, 431)
+
+    def _refuse(self, message: _Message, status: int) -> None:
+        """``message`` is not served: ``status`` is answered in its turn, then the close."""
+        self._error = self._error or status
+        if message is not self._msg and message in self._queue:
+            self._queue.remove(message)
 
     def on_body(self, body: bytes) -> None:
         message = self._parsing
@@ -288,7 +298,7 @@ class Connection:
             return
         if self._error:
             await self._answer_error(self._error)
-        if self._error in (400, 431) or self._unread:
+        if self._error in (400, 431, 501) or self._unread:
             await self._linger()
 
     async def _loop(self) -> None:
@@ -547,7 +557,7 @@ class Connection:
         return _head.encode_head(status, lines, extra)
 
     async def _answer_error(self, status: int) -> None:
-        """The server's own answer (400, 408, 431, 500): it ends the connection."""
+        """The server's own answer (400, 408, 431, 500, 501): it ends the connection."""
         body, headers = self.config.error_body(status)
         self._keep = False
         lines = [b"%b: %b\r\n" % (k, v) for k, v in headers]
