@@ -356,3 +356,15 @@ async def test_a_transfer_coding_other_than_chunked_is_501(gateway: tuple[App, i
                                       b"connection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
         assert answer.endswith(b"POST /x  abc")
     assert application.events == ["http.disconnect"]
+
+
+async def test_a_path_escaping_bytes_that_are_not_utf_8_is_served(
+    gateway: tuple[App, int],
+) -> None:
+    # ``/%ff`` decodes to U+FFFD (hypercorn's and uvicorn's choice), a str the app can
+    # encode: it was a surrogate escape, and the gateway's 500 on any path.
+    _, port = gateway
+    with trio.fail_after(20):
+        answer = await exchange(port, b"GET /v1/%ff%20x HTTP/1.1\r\nconnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith("GET /v1/\ufffd x  ".encode())

@@ -352,7 +352,9 @@ class Connection:
             raw_path, _, query = target.partition(b"?")
         path = raw_path.decode("latin-1")
         if "%" in path:
-            path = unquote(path, errors="surrogateescape")
+            # Bytes that are not UTF-8 become U+FFFD, as in hypercorn and uvicorn: a
+            # surrogate escape is a str no encoder takes, so ``/%ff`` was the app's 500.
+            path = unquote(path)
         return {
             "type": "http", "asgi": _ASGI, "http_version": message.version,
             "method": message.method, "scheme": "http", "path": path,
