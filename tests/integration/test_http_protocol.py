@@ -40,6 +40,11 @@ class App:
         if path == "/flood":  # as fast as the socket takes it
             await self._stream(receive, send, chunk=b"x" * 65536, pause_s=0)
             return
+        if path == "/early":  # answers without reading the body (a 413 does so)
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"no"})
+            return
         if path == "/nocontent":
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
@@ -368,3 +373,21 @@ async def test_a_path_escaping_bytes_that_are_not_utf_8_is_served(
         answer = await exchange(port, b"GET /v1/%ff%20x HTTP/1.1\r\nconnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.endswith("GET /v1/\ufffd x  ".encode())
+
+
+async def test_an_answer_before_the_body_is_in_says_the_connection_closes(
+    gateway: tuple[App, int],
+) -> None:
+    application, port = gateway
+    with trio.fail_after(20):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /early HTTP/1.1\r\ncontent-length: 100000\r\n\r\nabc")
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+            if answer.endswith(b"no"):
+                # Told before the close, so that it sends no further request on it.
+                assert b"\r\nconnection: close\r\n" in answer
+        assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"no")
+        await stream.aclose()
+    assert application.events == []

@@ -552,7 +552,10 @@ class Connection:
             self._keep = False  # HTTP/1.0 stream: the close ends the body
         if bodiless:
             self._head_only = True
-        if self.closing or self._status_error:
+        message = self._msg
+        if self.closing or self._status_error or (message is not None and not message.complete):
+            # An answer before the request's body is in (a 413): the connection ends after
+            # it, and the client must know it before it sends another request.
             self._keep = False
         if not self._keep:
             extra += b"connection: close\r\n"
