@@ -16,6 +16,7 @@ import trio
 
 from triogate.api.protocol_errors import error_body
 from triogate.server import ServerConfig, serve
+from triogate.server._connection import Connection
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -36,6 +37,9 @@ class App:
             raise RuntimeError("secret internals")
         if path == "/stream":
             await self._stream(receive, send)
+            return
+        if path == "/ticks":  # a short stream that listens for the client leaving
+            await self._stream(receive, send, pause_s=0, ticks=2)
             return
         if path == "/flood":  # as fast as the socket takes it
             await self._stream(receive, send, chunk=b"x" * 65536, pause_s=0)
@@ -70,7 +74,7 @@ class App:
         self.events.append((await receive())["type"])  # after the response: disconnect
 
     async def _stream(self, receive: Any, send: Any, *, chunk: bytes = b"tick\n",
-                      pause_s: float = 0.02) -> None:
+                      pause_s: float = 0.02, ticks: int = -1) -> None:
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
                 message = await receive()
@@ -82,9 +86,12 @@ class App:
 
             nursery.start_soon(watch)
             await send({"type": "http.response.start", "status": 200, "headers": []})
-            while True:
+            while ticks:
+                ticks -= 1
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await trio.sleep(pause_s)
+            nursery.cancel_scope.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 @pytest.fixture
@@ -391,3 +398,55 @@ async def test_an_answer_before_the_body_is_in_says_the_connection_closes(
         assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"no")
         await stream.aclose()
     assert application.events == []
+
+
+async def _pipeline(port: int, requests: bytes) -> bytes:
+    """Send ``requests`` at once (then one with ``connection: close``) while reading all
+    the answers."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    chunks = []
+    async with stream, trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all,
+                           requests + b"GET /end HTTP/1.1\r\nconnection: close\r\n\r\n")
+        while chunk := await stream.receive_some(1 << 20):
+            chunks.append(chunk)
+    received = b"".join(chunks)
+    assert received.endswith(b"GET /end  ")
+    return received
+
+
+async def test_pipelined_requests_split_across_reads_are_not_a_431(
+    gateway: tuple[App, int],
+) -> None:
+    # 64 KiB reads of small pipelined requests end inside a head: only that head's bytes
+    # count toward its 16 KiB, not the whole read.
+    _, port = gateway
+    request = b"GET /p HTTP/1.1\r\nx-pad: %b\r\ncontent-length: 0\r\n\r\n" % (b"p" * 100)
+    with trio.fail_after(20):
+        answer = await _pipeline(port, request * 3000)
+    assert answer.count(b"HTTP/1.1 200 ") == 3001 and b" 431 " not in answer
+
+
+async def test_requests_read_ahead_stay_bounded_over_many_streamed_answers(
+    gateway: tuple[App, int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each streamed answer reads the client's next requests (to notice it leaving), at
+    # most max_pipelined_bytes of them; those not yet answered count against the next
+    # answer's allowance. Without that, each answer read 64 KiB more: a client pipelining
+    # streams grew the queue of parsed requests without bound.
+    peak = 0
+    real = Connection.on_message_begin
+
+    def counted(self: Connection) -> None:
+        nonlocal peak
+        real(self)
+        peak = max(peak, len(self._queue))
+
+    monkeypatch.setattr(Connection, "on_message_begin", counted)
+    _, port = gateway
+    request = b"GET /ticks HTTP/1.1\r\n\r\n"
+    with trio.fail_after(30):
+        answer = await _pipeline(port, request * 20_000)
+    assert answer.count(b"HTTP/1.1 200 ") == 20_001
+    # One read before the first answer, the allowance, one read past it (64 KiB each).
+    assert peak <= 3 * 65536 // len(request) + 1, peak

@@ -102,8 +102,10 @@ class Connection:
         self._error = 0
         #: An upgrade request was parsed: nothing after it is HTTP/1.1.
         self._upgraded = False
+        #: Bytes of the head line in progress (-1: the head began in the current read).
         self._raw_head = 0
-        #: Bytes of later requests read while a response is in flight.
+        #: Bytes of later requests read while responses were in flight, until they are
+        #: all answered (bounds the queue, not just one response's read-ahead).
         self._ahead = 0
         self.timer = trio.CancelScope()
         #: Waiting for a new request with nothing of it received: shutdown may close it.
@@ -133,7 +135,7 @@ class Connection:
     def on_message_begin(self) -> None:
         message = _Message()
         self._parsing = message
-        self._raw_head = 0
+        self._raw_head = -1  # began in the bytes being parsed
         if not self._error:  # nothing after a protocol error is served
             self._queue.append(message)
 
@@ -215,8 +217,19 @@ class Connection:
             return
         message = self._parsing
         if message is not None and not message.head_done:
-            self._raw_head += len(data)
-            if max(self._raw_head, message.head_size) > self.config.max_head_bytes:
+            # A head in progress: what it holds is ``head_size`` (the target and the whole
+            # header lines) plus the line the parser is in the middle of, whose bytes are
+            # after the last newline. Counting the whole read instead made a 64 KiB read
+            # of pipelined requests that ended inside a head a false 431.
+            newline = data.rfind(b"\n")
+            if self._raw_head < 0:  # it began in this read: the request line is in head_size
+                line = 0 if newline < 0 else len(data) - newline - 1
+            elif newline < 0:  # the same line goes on
+                line = self._raw_head + len(data)
+            else:
+                line = len(data) - newline - 1
+            self._raw_head = line
+            if message.head_size + line > self.config.max_head_bytes:
                 self._error = self._error or 431
                 self._drop_partial()
 
@@ -334,7 +347,8 @@ class Connection:
             message = queue[0]
             await self._respond(message)
             queue.popleft()
-            self._ahead = 0
+            if not queue:  # what was read ahead is all answered: a new allowance
+                self._ahead = 0
             if not self._keep or self.closing:
                 return
 
