@@ -450,3 +450,17 @@ async def test_requests_read_ahead_stay_bounded_over_many_streamed_answers(
     assert answer.count(b"HTTP/1.1 200 ") == 20_001
     # One read before the first answer, the allowance, one read past it (64 KiB each).
     assert peak <= 3 * 65536 // len(request) + 1, peak
+
+
+async def test_a_bad_body_the_app_never_read_gets_no_second_answer(
+    gateway: tuple[App, int],
+) -> None:
+    # The head and a malformed chunk arrive in one read; the app answers without reading
+    # the body. Its answer is the only one (a stray 400 after it would be taken for the
+    # answer to the next request the client pipelined).
+    _, port = gateway
+    with trio.fail_after(20):
+        answer = await exchange(port, b"POST /early HTTP/1.1\r\ntransfer-encoding: chunked"
+                                      b"\r\n\r\nzz\r\nabc\r\nGET /next HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"no")
+    assert answer.count(b"HTTP/1.1 ") == 1

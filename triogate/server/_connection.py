@@ -417,6 +417,9 @@ class Connection:
         if not message.complete:  # the rest of its body was never read
             self._keep = False
             self._unread = self._status_error != 408
+            # A parse error met in that unread body: the app's answer stands; a second
+            # answer (400) would read as the answer to the client's next request.
+            self._error = 0
         if self._status_error:
             self._keep = False
 
