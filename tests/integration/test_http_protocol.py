@@ -327,24 +327,39 @@ async def test_a_head_trickled_a_byte_at_a_time_is_408_at_the_bound(
         await stream.aclose()
 
 
-async def test_upgrades_are_answered_as_plain_http_and_connect_is_400(
+async def test_upgrade_offers_are_served_as_plain_http_and_connect_is_400(
     gateway: tuple[App, int], caplog: pytest.LogCaptureFixture,
 ) -> None:
     _, port = gateway
+    h2c = (b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+           b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
+    close = b"GET /next HTTP/1.1\r\nconnection: close\r\n\r\n"
     with trio.fail_after(20):
-        # An upgrade is ignored: one plain answer, then the close (the frames after the
-        # head are another protocol: never parsed, so no second answer follows).
-        answer = await exchange(port, b"GET /a HTTP/1.1\r\n\r\n" + (
-            b"GET /up HTTP/1.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
-            b"\x81\x05hello") * 2)
-        assert answer.count(b"HTTP/1.1 ") == 2 and answer.endswith(b"GET /up  ")
-        assert b"connection: close" in answer.split(b"GET /a  ")[1]
-        # A tunnel, an upgrade whose body the parser skips, an absolute-form target that
-        # is no URL: 400 (not the app's 500, and nothing logged as the app's error).
-        for bad in (b"CONNECT evil:443 HTTP/1.1\r\nhost: evil:443\r\n\r\n",
-                    b"POST /up HTTP/1.1\r\nconnection: upgrade\r\nupgrade: h2c\r\n"
-                    b"content-length: 3\r\n\r\nabc",
-                    b"GET http:// HTTP/1.1\r\n\r\n"):
+        # An upgrade offer is ignored (RFC 9110 7.8): the request is served with its body
+        # (llhttp stops at an upgrade request's head), and the connection goes on.
+        for framing, body in ((b"content-length: 3", b"abc"),
+                              (b"transfer-encoding: chunked", b"3\r\nabc\r\n0\r\n\r\n")):
+            answer = await exchange(port, b"POST /h2c HTTP/1.1\r\n%b%b\r\n\r\n%b%b"
+                                          % (h2c, framing, body, close))
+            first, second = answer.split(b"HTTP/1.1 200 OK\r\n")[1:]
+            assert first.endswith(b"POST /h2c  abc") and second.endswith(b"GET /next  ")
+        # The body in a later read than the head.
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /late HTTP/1.1\r\n%bcontent-length: 3\r\n\r\n" % h2c)
+        await trio.sleep(0.05)
+        await stream.send_all(b"xyz" + close)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+        await stream.aclose()
+        assert b"POST /late  xyz" in answer and answer.endswith(b"GET /next  ")
+        answer = await exchange(port, b"GET /ws HTTP/1.1\r\nconnection: upgrade\r\n"
+                                      b"upgrade: websocket\r\n\r\n" + close)
+        assert answer.count(b"HTTP/1.1 200 ") == 2 and answer.endswith(b"GET /next  ")
+        # A tunnel, and an absolute-form target that is no URL: 400 (not the app's 500,
+        # nothing logged as the app's error), and nothing after them is read.
+        for bad in (b"CONNECT evil:443 HTTP/1.1\r\nhost: evil:443\r\n\r\n" + close,
+                    b"GET http:// HTTP/1.1\r\n\r\n" + close):
             answer = await exchange(port, bad)
             assert_error(answer, 400)
             assert answer.count(b"HTTP/1.1 ") == 1

@@ -100,8 +100,10 @@ class Connection:
         self._parsing: _Message | None = None
         #: Status of a protocol error met while parsing (400, 431, 501); answered in turn.
         self._error = 0
-        #: An upgrade request was parsed: nothing after it is HTTP/1.1.
+        #: A CONNECT request was parsed: nothing after it is HTTP/1.1.
         self._upgraded = False
+        #: The upgrade request whose body a fresh parser is about to read.
+        self._replay: _Message | None = None
         #: Bytes of the head line in progress (-1: the head began in the current read).
         self._raw_head = 0
         #: Bytes of later requests read while responses were in flight, until they are
@@ -133,6 +135,9 @@ class Connection:
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
+        if self._replay is not None:  # the body of an upgrade request, after all
+            self._parsing, self._replay = self._replay, None
+            return
         message = _Message()
         self._parsing = message
         self._raw_head = -1  # began in the bytes being parsed
@@ -191,25 +196,8 @@ class Connection:
             return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # Upgrades (WebSocket, h2c) are not served: the request is answered as plain
-            # HTTP and the connection closed after it; what follows its head is another
-            # protocol, never parsed. llhttp ends an upgrade request at its head, so one
-            # with a body (curl's h2c upgrade of a POST) cannot be read: 400, as is
-            # CONNECT (a tunnel).
-            self._upgraded = True
-            message = self._parsing
-            if message is not None:
-                message.complete = True
-                self._parsing = None
-            if self._queue and not self._error:
-                last = self._queue[-1]
-                last.keep_alive = False
-                if last.method == "CONNECT" or any(
-                        k == b"transfer-encoding" or (k == b"content-length" and v != b"0")
-                        for k, v in last.headers):
-                    self._queue.pop()
-                    self._error = 400
+        except httptools.HttpParserUpgrade as upgrade:
+            self._ignore_upgrade(data[upgrade.args[0]:])
             return
         except httptools.HttpParserError:
             self._error = self._error or 400
@@ -232,6 +220,38 @@ class Connection:
             if message.head_size + line > self.config.max_head_bytes:
                 self._error = self._error or 431
                 self._drop_partial()
+
+    def _ignore_upgrade(self, rest: bytes) -> None:
+        """An upgrade offer (WebSocket, h2c: every JDK HttpClient offers h2c over
+        cleartext) is ignored, as RFC 9110 7.8 allows: the request is served as plain
+        HTTP/1.1. llhttp ends an upgrade request at its head (httptools skips its body), so
+        a fresh parser takes over, given the body's framing by a head of its own whose
+        callbacks land in the request (``_replay``). CONNECT (a tunnel) is 400."""
+        self._parser = httptools.HttpRequestParser(self)
+        message = self._queue[-1] if self._queue and not self._error else None
+        if message is None or message.method == "CONNECT":
+            if message is not None:
+                self._queue.pop()
+                self._error = 400
+            self._upgraded = True  # nothing after it is read
+            return
+        framing = b""
+        for name, value in message.headers:
+            if name == b"transfer-encoding":  # chunked: anything else was refused (501)
+                framing = b"transfer-encoding: chunked"
+            elif name == b"content-length" and not framing:
+                framing = b"content-length: " + value
+        if framing:
+            message.complete = False
+            saved = (message.target, message.headers, message.head_size, message.method,
+                     message.version, message.keep_alive)
+            message.headers = []
+            self._replay = message
+            self._parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n")
+            (message.target, message.headers, message.head_size, message.method,
+             message.version, message.keep_alive) = saved
+        if rest:
+            self._feed(rest)
 
     def _drop_partial(self) -> None:
         """Forget a request that will never be complete (the error ends the connection)."""
