@@ -64,6 +64,8 @@ class App:
                 break
         answer = b"%b %b %b %b" % (scope["method"].encode(), path.encode(),
                                    scope["query_string"], body)
+        if path == "/names":  # the request's header names, once its body is in
+            answer = b",".join(name for name, _ in scope["headers"])
         headers = [(b"content-length", b"%d" % len(answer))]
         if path == "/close":
             headers.append((b"connection", b"close"))
@@ -479,3 +481,19 @@ async def test_a_bad_body_the_app_never_read_gets_no_second_answer(
                                       b"\r\n\r\nzz\r\nabc\r\nGET /next HTTP/1.1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"no")
     assert answer.count(b"HTTP/1.1 ") == 1
+
+
+async def test_trailers_are_dropped_and_bounded(gateway: tuple[App, int]) -> None:
+    # Trailers after a chunked body are not the request's headers (the app holds those
+    # already), and count against the head's 16 KiB: unbounded, a client grew the list
+    # by hundreds of MB a second.
+    application, port = gateway
+    with trio.fail_after(20):
+        answer = await exchange(port, b"POST /names HTTP/1.1\r\ntransfer-encoding: chunked\r\n"
+                                      b"connection: close\r\n\r\n3\r\nabc\r\n0\r\n"
+                                      b"authorization: Bearer smuggled\r\n\r\n")
+        assert answer.endswith(b"\r\n\r\ntransfer-encoding,connection")
+        answer = await exchange(port, b"POST /names HTTP/1.1\r\ntransfer-encoding: chunked\r\n"
+                                      b"\r\n3\r\nabc\r\n0\r\n" + b"x-t: 1\r\n" * 3000)
+        assert_error(answer, 431)
+    assert application.events == ["http.disconnect"]  # the refused one never ran

@@ -153,9 +153,17 @@ class Connection:
     def on_header(self, name: bytes, value: bytes) -> None:
         message = self._parsing
         assert message is not None
+        message.head_size += len(name) + len(value) + 4
+        if message.head_done:
+            # A trailer (after a chunked body): dropped, not appended to the headers the
+            # app already holds (a trailing ``authorization`` is no header), and counted
+            # with the head against max_head_bytes: unbounded, they grew the list by
+            # hundreds of MB a second.
+            if message.head_size > self.config.max_head_bytes:
+                self._refuse(message, 431)
+            return
         name = name.lower()
         message.headers.append((name, value))
-        message.head_size += len(name) + len(value) + 4
         if name == b"transfer-encoding" and value.lower() != b"chunked":
             # llhttp takes ``gzip, chunked`` as chunked and would hand the app a body
             # still gzip-coded; a front proxy may frame it otherwise (smuggling). RFC
