@@ -497,3 +497,15 @@ async def test_trailers_are_dropped_and_bounded(gateway: tuple[App, int]) -> Non
                                       b"\r\n3\r\nabc\r\n0\r\n" + b"x-t: 1\r\n" * 3000)
         assert_error(answer, 431)
     assert application.events == ["http.disconnect"]  # the refused one never ran
+
+
+async def test_what_follows_a_request_that_closes_is_ignored(gateway: tuple[App, int]) -> None:
+    # llhttp refuses bytes after a request that ends the connection; they were answered
+    # with a stray 400, which the client would take for its next request's answer.
+    _, port = gateway
+    with trio.fail_after(20):
+        for request in (b"GET /c HTTP/1.1\r\nconnection: close\r\n\r\nGET /y HTTP/1.1\r\n\r\n",
+                        b"POST /c HTTP/1.0\r\ncontent-length: 2\r\n\r\nhiGARBAGE\r\n\r\n"):
+            answer = await exchange(port, request)
+            assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200 ")
+            assert b"\r\nconnection: close\r\n" in answer

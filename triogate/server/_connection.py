@@ -100,8 +100,8 @@ class Connection:
         self._parsing: _Message | None = None
         #: Status of a protocol error met while parsing (400, 431, 501); answered in turn.
         self._error = 0
-        #: A CONNECT request was parsed: nothing after it is HTTP/1.1.
-        self._upgraded = False
+        #: Nothing more is parsed: after CONNECT, or after a request that ends the connection.
+        self._ignore_rest = False
         #: The upgrade request whose body a fresh parser is about to read.
         self._replay: _Message | None = None
         #: Bytes of the head line in progress (-1: the head began in the current read).
@@ -200,7 +200,7 @@ class Connection:
 
     def _feed(self, data: bytes) -> None:
         """Parse ``data``; a protocol error is kept for its turn (the connection ends then)."""
-        if self._upgraded:
+        if self._ignore_rest:
             return
         try:
             self._parser.feed_data(data)
@@ -208,8 +208,16 @@ class Connection:
             self._ignore_upgrade(data[upgrade.args[0]:])
             return
         except httptools.HttpParserError:
-            self._error = self._error or 400
             self._drop_partial()
+            queue = self._queue
+            if queue and queue[-1].complete and not queue[-1].keep_alive:
+                # Bytes after a request that ends the connection (llhttp refuses them):
+                # ignored, as a request after ``close`` is (RFC 9112 9.6), not answered
+                # with a stray 400 that the client would take for that request's answer.
+                self._ignore_rest = True
+                self._unread = True  # linger: what the client still sends must not reset it
+                return
+            self._error = self._error or 400
             return
         message = self._parsing
         if message is not None and not message.head_done:
@@ -241,7 +249,7 @@ class Connection:
             if message is not None:
                 self._queue.pop()
                 self._error = 400
-            self._upgraded = True  # nothing after it is read
+            self._ignore_rest = True  # nothing after it is read
             return
         framing = b""
         for name, value in message.headers:
