@@ -16,6 +16,7 @@ import trio
 
 from triogate.api.protocol_errors import error_body
 from triogate.server import ServerConfig, serve
+from triogate.server._connection import Connection
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -37,8 +38,16 @@ class App:
         if path == "/stream":
             await self._stream(receive, send)
             return
+        if path == "/ticks":  # a short stream that listens for the client leaving
+            await self._stream(receive, send, pause_s=0, ticks=2)
+            return
         if path == "/flood":  # as fast as the socket takes it
             await self._stream(receive, send, chunk=b"x" * 65536, pause_s=0)
+            return
+        if path == "/early":  # answers without reading the body (a 413 does so)
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"no"})
             return
         if path == "/nocontent":
             await send({"type": "http.response.start", "status": 204, "headers": []})
@@ -55,6 +64,8 @@ class App:
                 break
         answer = b"%b %b %b %b" % (scope["method"].encode(), path.encode(),
                                    scope["query_string"], body)
+        if path == "/names":  # the request's header names, once its body is in
+            answer = b",".join(name for name, _ in scope["headers"])
         headers = [(b"content-length", b"%d" % len(answer))]
         if path == "/close":
             headers.append((b"connection", b"close"))
@@ -65,7 +76,7 @@ class App:
         self.events.append((await receive())["type"])  # after the response: disconnect
 
     async def _stream(self, receive: Any, send: Any, *, chunk: bytes = b"tick\n",
-                      pause_s: float = 0.02) -> None:
+                      pause_s: float = 0.02, ticks: int = -1) -> None:
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
                 message = await receive()
@@ -77,9 +88,12 @@ class App:
 
             nursery.start_soon(watch)
             await send({"type": "http.response.start", "status": 200, "headers": []})
-            while True:
+            while ticks:
+                ticks -= 1
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await trio.sleep(pause_s)
+            nursery.cancel_scope.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 @pytest.fixture
@@ -287,3 +301,211 @@ async def test_read_ahead_is_bounded_and_a_client_gone_is_still_noticed(
         await stream.aclose()  # gone: its writes fail, and the app hears of it
         await application.disconnected.wait()
     assert application.events == ["stream disconnect"]
+
+
+async def test_a_head_trickled_a_byte_at_a_time_is_408_at_the_bound(
+    gateway: tuple[App, int],
+) -> None:
+    # Slowloris: each byte comes well within the timeout (0.3 s), the whole head would take
+    # 4 s. The bound runs from the head's first byte, so the answer is 408 after ~0.3 s.
+    _, port = gateway
+    with trio.fail_after(20):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        request = b"GET / HTTP/1.1\r\nx-slow: " + b"a" * 40 + b"\r\n\r\n"
+        started = trio.current_time()
+        answer = b""
+        async with trio.open_nursery() as nursery:
+            async def trickle() -> None:
+                for byte in request:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(0.1)
+
+            nursery.start_soon(trickle)
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+            nursery.cancel_scope.cancel()
+        assert trio.current_time() - started < 1.5
+        assert_error(answer, 408)
+        await stream.aclose()
+
+
+async def test_upgrade_offers_are_served_as_plain_http_and_connect_is_400(
+    gateway: tuple[App, int], caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, port = gateway
+    h2c = (b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+           b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
+    close = b"GET /next HTTP/1.1\r\nconnection: close\r\n\r\n"
+    with trio.fail_after(20):
+        # An upgrade offer is ignored (RFC 9110 7.8): the request is served with its body
+        # (llhttp stops at an upgrade request's head), and the connection goes on.
+        for framing, body in ((b"content-length: 3", b"abc"),
+                              (b"transfer-encoding: chunked", b"3\r\nabc\r\n0\r\n\r\n")):
+            answer = await exchange(port, b"POST /h2c HTTP/1.1\r\n%b%b\r\n\r\n%b%b"
+                                          % (h2c, framing, body, close))
+            first, second = answer.split(b"HTTP/1.1 200 OK\r\n")[1:]
+            assert first.endswith(b"POST /h2c  abc") and second.endswith(b"GET /next  ")
+        # The body in a later read than the head.
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /late HTTP/1.1\r\n%bcontent-length: 3\r\n\r\n" % h2c)
+        await trio.sleep(0.05)
+        await stream.send_all(b"xyz" + close)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+        await stream.aclose()
+        assert b"POST /late  xyz" in answer and answer.endswith(b"GET /next  ")
+        answer = await exchange(port, b"GET /ws HTTP/1.1\r\nconnection: upgrade\r\n"
+                                      b"upgrade: websocket\r\n\r\n" + close)
+        assert answer.count(b"HTTP/1.1 200 ") == 2 and answer.endswith(b"GET /next  ")
+        # A tunnel, and an absolute-form target that is no URL: 400 (not the app's 500,
+        # nothing logged as the app's error), and nothing after them is read.
+        for bad in (b"CONNECT evil:443 HTTP/1.1\r\nhost: evil:443\r\n\r\n" + close,
+                    b"GET http:// HTTP/1.1\r\n\r\n" + close):
+            answer = await exchange(port, bad)
+            assert_error(answer, 400)
+            assert answer.count(b"HTTP/1.1 ") == 1
+    assert "error in ASGI application" not in caplog.text
+
+
+async def test_a_transfer_coding_other_than_chunked_is_501(gateway: tuple[App, int]) -> None:
+    # llhttp frames ``gzip, chunked`` as chunked: the app would get a body still coded,
+    # and a proxy in front may frame it otherwise. Refused, the body never reaches the app.
+    application, port = gateway
+    with trio.fail_after(20):
+        for coding in (b"gzip, chunked", b"gzip\r\ntransfer-encoding: chunked"):
+            answer = await exchange(port, b"POST /x HTTP/1.1\r\ntransfer-encoding: %b\r\n\r\n"
+                                          b"3\r\nabc\r\n0\r\n\r\nGET /y HTTP/1.1\r\n\r\n" % coding)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 501 ") and b"connection: close" in head
+            assert answer.count(b"HTTP/1.1 ") == 1
+            assert orjson.loads(body)["error"]["message"].startswith("transfer coding")
+        # Chunked in any case is what it says.
+        answer = await exchange(port, b"POST /x HTTP/1.1\r\ntransfer-encoding: Chunked\r\n"
+                                      b"connection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        assert answer.endswith(b"POST /x  abc")
+    assert application.events == ["http.disconnect"]
+
+
+async def test_a_path_escaping_bytes_that_are_not_utf_8_is_served(
+    gateway: tuple[App, int],
+) -> None:
+    # ``/%ff`` decodes to U+FFFD (hypercorn's and uvicorn's choice), a str the app can
+    # encode: it was a surrogate escape, and the gateway's 500 on any path.
+    _, port = gateway
+    with trio.fail_after(20):
+        answer = await exchange(port, b"GET /v1/%ff%20x HTTP/1.1\r\nconnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith("GET /v1/\ufffd x  ".encode())
+
+
+async def test_an_answer_before_the_body_is_in_says_the_connection_closes(
+    gateway: tuple[App, int],
+) -> None:
+    application, port = gateway
+    with trio.fail_after(20):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /early HTTP/1.1\r\ncontent-length: 100000\r\n\r\nabc")
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+            if answer.endswith(b"no"):
+                # Told before the close, so that it sends no further request on it.
+                assert b"\r\nconnection: close\r\n" in answer
+        assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"no")
+        await stream.aclose()
+    assert application.events == []
+
+
+async def _pipeline(port: int, requests: bytes) -> bytes:
+    """Send ``requests`` at once (then one with ``connection: close``) while reading all
+    the answers."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    chunks = []
+    async with stream, trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all,
+                           requests + b"GET /end HTTP/1.1\r\nconnection: close\r\n\r\n")
+        while chunk := await stream.receive_some(1 << 20):
+            chunks.append(chunk)
+    received = b"".join(chunks)
+    assert received.endswith(b"GET /end  ")
+    return received
+
+
+async def test_pipelined_requests_split_across_reads_are_not_a_431(
+    gateway: tuple[App, int],
+) -> None:
+    # 64 KiB reads of small pipelined requests end inside a head: only that head's bytes
+    # count toward its 16 KiB, not the whole read.
+    _, port = gateway
+    request = b"GET /p HTTP/1.1\r\nx-pad: %b\r\ncontent-length: 0\r\n\r\n" % (b"p" * 100)
+    with trio.fail_after(20):
+        answer = await _pipeline(port, request * 3000)
+    assert answer.count(b"HTTP/1.1 200 ") == 3001 and b" 431 " not in answer
+
+
+async def test_requests_read_ahead_stay_bounded_over_many_streamed_answers(
+    gateway: tuple[App, int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each streamed answer reads the client's next requests (to notice it leaving), at
+    # most max_pipelined_bytes of them; those not yet answered count against the next
+    # answer's allowance. Without that, each answer read 64 KiB more: a client pipelining
+    # streams grew the queue of parsed requests without bound.
+    peak = 0
+    real = Connection.on_message_begin
+
+    def counted(self: Connection) -> None:
+        nonlocal peak
+        real(self)
+        peak = max(peak, len(self._queue))
+
+    monkeypatch.setattr(Connection, "on_message_begin", counted)
+    _, port = gateway
+    request = b"GET /ticks HTTP/1.1\r\n\r\n"
+    with trio.fail_after(30):
+        answer = await _pipeline(port, request * 20_000)
+    assert answer.count(b"HTTP/1.1 200 ") == 20_001
+    # One read before the first answer, the allowance, one read past it (64 KiB each).
+    assert peak <= 3 * 65536 // len(request) + 1, peak
+
+
+async def test_a_bad_body_the_app_never_read_gets_no_second_answer(
+    gateway: tuple[App, int],
+) -> None:
+    # The head and a malformed chunk arrive in one read; the app answers without reading
+    # the body. Its answer is the only one (a stray 400 after it would be taken for the
+    # answer to the next request the client pipelined).
+    _, port = gateway
+    with trio.fail_after(20):
+        answer = await exchange(port, b"POST /early HTTP/1.1\r\ntransfer-encoding: chunked"
+                                      b"\r\n\r\nzz\r\nabc\r\nGET /next HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"no")
+    assert answer.count(b"HTTP/1.1 ") == 1
+
+
+async def test_trailers_are_dropped_and_bounded(gateway: tuple[App, int]) -> None:
+    # Trailers after a chunked body are not the request's headers (the app holds those
+    # already), and count against the head's 16 KiB: unbounded, a client grew the list
+    # by hundreds of MB a second.
+    application, port = gateway
+    with trio.fail_after(20):
+        answer = await exchange(port, b"POST /names HTTP/1.1\r\ntransfer-encoding: chunked\r\n"
+                                      b"connection: close\r\n\r\n3\r\nabc\r\n0\r\n"
+                                      b"authorization: Bearer smuggled\r\n\r\n")
+        assert answer.endswith(b"\r\n\r\ntransfer-encoding,connection")
+        answer = await exchange(port, b"POST /names HTTP/1.1\r\ntransfer-encoding: chunked\r\n"
+                                      b"\r\n3\r\nabc\r\n0\r\n" + b"x-t: 1\r\n" * 3000)
+        assert_error(answer, 431)
+    assert application.events == ["http.disconnect"]  # the refused one never ran
+
+
+async def test_what_follows_a_request_that_closes_is_ignored(gateway: tuple[App, int]) -> None:
+    # llhttp refuses bytes after a request that ends the connection; they were answered
+    # with a stray 400, which the client would take for its next request's answer.
+    _, port = gateway
+    with trio.fail_after(20):
+        for request in (b"GET /c HTTP/1.1\r\nconnection: close\r\n\r\nGET /y HTTP/1.1\r\n\r\n",
+                        b"POST /c HTTP/1.0\r\ncontent-length: 2\r\n\r\nhiGARBAGE\r\n\r\n"):
+            answer = await exchange(port, request)
+            assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200 ")
+            assert b"\r\nconnection: close\r\n" in answer

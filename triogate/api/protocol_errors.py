@@ -18,6 +18,7 @@ _MESSAGES = {
     413: "request too large",
     431: "request header fields too large",
     500: "internal error",
+    501: "transfer coding not implemented (only chunked is)",
 }
 
 

@@ -9,7 +9,7 @@ import attrs
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    #: ``status -> (body, headers)``: what a protocol error (400, 408, 431, 500) carries.
+    #: ``status -> (body, headers)``: what a protocol error (400, 408, 431, 500, 501) carries.
     ErrorBody = Callable[[int], tuple[bytes, list[tuple[bytes, bytes]]]]
 
 
@@ -23,9 +23,9 @@ class ServerConfig:
     """How :func:`triogate.server.serve` treats its connections.
 
     ``keep_alive_s``: an idle connection (no request, none partly received) is closed
-    after this long. ``body_read_timeout_s``: the longest a partly received request (head
-    or body) may go without a byte; then it is answered 408 and closed (``None``: no
-    bound). ``shutdown_grace_s``: how long requests in flight may take to finish once
+    after this long. ``body_read_timeout_s``: the longest a request's head may take from
+    its first byte, and a body may go without a byte; then it is answered 408 and closed
+    (``None``: no bound). ``shutdown_grace_s``: how long requests in flight may take to finish once
     shutdown starts. ``max_head_bytes``: a longer request head is answered 431 (16 KiB,
     h11's and hypercorn's default). ``write_timeout_s``: a write that cannot make
     progress this long means the client stopped reading; it is treated as gone.

@@ -7,8 +7,10 @@ body, or, once the body is in, to notice that the client went away (``http.disco
 So a request costs no task, no queue and no lock of the server's.
 
 Timers: the connection's task runs in one cancel scope whose deadline moves: the
-keep-alive while idle, ``body_read_timeout_s`` after each byte of a partly received head,
-none while the application runs. Shutdown moves it to now for an idle connection only.
+keep-alive while idle, ``body_read_timeout_s`` for a partly received head (from its first
+byte: later bytes do not extend it, so a client trickling a byte now and then, slowloris,
+is answered 408 at the bound), none while the application runs. Shutdown moves it to now
+for an idle connection only.
 A body read is bounded by its own scope; when it expires the application sees
 ``http.disconnect`` and the client gets 408.
 
@@ -74,6 +76,10 @@ class _Message:
         self.complete = False
 
 
+class _BadTarget(Exception):
+    """An absolute-form request target that does not parse as a URL (``http://``): 400."""
+
+
 class Connection:
     """One client connection (see the module docstring)."""
 
@@ -92,10 +98,16 @@ class Connection:
         self._parser = httptools.HttpRequestParser(self)
         self._queue: collections.deque[_Message] = collections.deque()
         self._parsing: _Message | None = None
-        #: Status of a protocol error met while parsing (400, 431); answered in turn.
+        #: Status of a protocol error met while parsing (400, 431, 501); answered in turn.
         self._error = 0
+        #: Nothing more is parsed: after CONNECT, or after a request that ends the connection.
+        self._ignore_rest = False
+        #: The upgrade request whose body a fresh parser is about to read.
+        self._replay: _Message | None = None
+        #: Bytes of the head line in progress (-1: the head began in the current read).
         self._raw_head = 0
-        #: Bytes of later requests read while a response is in flight.
+        #: Bytes of later requests read while responses were in flight, until they are
+        #: all answered (bounds the queue, not just one response's read-ahead).
         self._ahead = 0
         self.timer = trio.CancelScope()
         #: Waiting for a new request with nothing of it received: shutdown may close it.
@@ -123,9 +135,12 @@ class Connection:
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
+        if self._replay is not None:  # the body of an upgrade request, after all
+            self._parsing, self._replay = self._replay, None
+            return
         message = _Message()
         self._parsing = message
-        self._raw_head = 0
+        self._raw_head = -1  # began in the bytes being parsed
         if not self._error:  # nothing after a protocol error is served
             self._queue.append(message)
 
@@ -138,8 +153,22 @@ class Connection:
     def on_header(self, name: bytes, value: bytes) -> None:
         message = self._parsing
         assert message is not None
-        message.headers.append((name.lower(), value))
         message.head_size += len(name) + len(value) + 4
+        if message.head_done:
+            # A trailer (after a chunked body): dropped, not appended to the headers the
+            # app already holds (a trailing ``authorization`` is no header), and counted
+            # with the head against max_head_bytes: unbounded, they grew the list by
+            # hundreds of MB a second.
+            if message.head_size > self.config.max_head_bytes:
+                self._refuse(message, 431)
+            return
+        name = name.lower()
+        message.headers.append((name, value))
+        if name == b"transfer-encoding" and value.lower() != b"chunked":
+            # llhttp takes ``gzip, chunked`` as chunked and would hand the app a body
+            # still gzip-coded; a front proxy may frame it otherwise (smuggling). RFC
+            # 9112 6.1: a coding the server does not understand is 501.
+            self._refuse(message, 501)
 
     def on_headers_complete(self) -> None:
         message = self._parsing
@@ -150,9 +179,13 @@ class Connection:
         message.version = parser.get_http_version()
         message.keep_alive = parser.should_keep_alive() and message.version == "1.1"
         if message.head_size > self.config.max_head_bytes:
-            self._error = self._error or 431
-            if message is not self._msg and message in self._queue:
-                self._queue.remove(message)
+            self._refuse(message, 431)
+
+    def _refuse(self, message: _Message, status: int) -> None:
+        """``message`` is not served: ``status`` is answered in its turn, then the close."""
+        self._error = self._error or status
+        if message is not self._msg and message in self._queue:
+            self._queue.remove(message)
 
     def on_body(self, body: bytes) -> None:
         message = self._parsing
@@ -167,28 +200,74 @@ class Connection:
 
     def _feed(self, data: bytes) -> None:
         """Parse ``data``; a protocol error is kept for its turn (the connection ends then)."""
+        if self._ignore_rest:
+            return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # Upgrades (WebSocket, h2c) are not served: answer the request as plain HTTP
-            # and close; what follows the head is not HTTP/1.1.
-            message = self._parsing
-            if message is not None:
-                message.complete = True
-                message.keep_alive = False
-                self._parsing = None
-            self._error = self._error or 400
+        except httptools.HttpParserUpgrade as upgrade:
+            self._ignore_upgrade(data[upgrade.args[0]:])
             return
         except httptools.HttpParserError:
-            self._error = self._error or 400
             self._drop_partial()
+            queue = self._queue
+            if queue and queue[-1].complete and not queue[-1].keep_alive:
+                # Bytes after a request that ends the connection (llhttp refuses them):
+                # ignored, as a request after ``close`` is (RFC 9112 9.6), not answered
+                # with a stray 400 that the client would take for that request's answer.
+                self._ignore_rest = True
+                self._unread = True  # linger: what the client still sends must not reset it
+                return
+            self._error = self._error or 400
             return
         message = self._parsing
         if message is not None and not message.head_done:
-            self._raw_head += len(data)
-            if max(self._raw_head, message.head_size) > self.config.max_head_bytes:
+            # A head in progress: what it holds is ``head_size`` (the target and the whole
+            # header lines) plus the line the parser is in the middle of, whose bytes are
+            # after the last newline. Counting the whole read instead made a 64 KiB read
+            # of pipelined requests that ended inside a head a false 431.
+            newline = data.rfind(b"\n")
+            if self._raw_head < 0:  # it began in this read: the request line is in head_size
+                line = 0 if newline < 0 else len(data) - newline - 1
+            elif newline < 0:  # the same line goes on
+                line = self._raw_head + len(data)
+            else:
+                line = len(data) - newline - 1
+            self._raw_head = line
+            if message.head_size + line > self.config.max_head_bytes:
                 self._error = self._error or 431
                 self._drop_partial()
+
+    def _ignore_upgrade(self, rest: bytes) -> None:
+        """An upgrade offer (WebSocket, h2c: every JDK HttpClient offers h2c over
+        cleartext) is ignored, as RFC 9110 7.8 allows: the request is served as plain
+        HTTP/1.1. llhttp ends an upgrade request at its head (httptools skips its body), so
+        a fresh parser takes over, given the body's framing by a head of its own whose
+        callbacks land in the request (``_replay``). CONNECT (a tunnel) is 400."""
+        self._parser = httptools.HttpRequestParser(self)
+        message = self._queue[-1] if self._queue and not self._error else None
+        if message is None or message.method == "CONNECT":
+            if message is not None:
+                self._queue.pop()
+                self._error = 400
+            self._ignore_rest = True  # nothing after it is read
+            return
+        framing = b""
+        for name, value in message.headers:
+            if name == b"transfer-encoding":  # chunked: anything else was refused (501)
+                framing = b"transfer-encoding: chunked"
+            elif name == b"content-length" and not framing:
+                framing = b"content-length: " + value
+        if framing:
+            message.complete = False
+            saved = (message.target, message.headers, message.head_size, message.method,
+                     message.version, message.keep_alive)
+            message.headers = []
+            self._replay = message
+            self._parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n")
+            (message.target, message.headers, message.head_size, message.method,
+             message.version, message.keep_alive) = saved
+        if rest:
+            self._feed(rest)
 
     def _drop_partial(self) -> None:
         """Forget a request that will never be complete (the error ends the connection)."""
@@ -268,21 +347,26 @@ class Connection:
             return
         if self._error:
             await self._answer_error(self._error)
-        if self._error in (400, 431) or self._unread:
+        if self._error in (400, 431, 501) or self._unread:
             await self._linger()
 
     async def _loop(self) -> None:
         timer = self.timer
         queue = self._queue
         config = self.config
+        head_timed = False
         while True:
             if not queue or not queue[0].head_done:
                 if self._error or self._eof:
                     return
-                if queue:  # part of a head: each byte restarts the body-read timeout
+                if queue:
+                    # Part of a head: the whole head must arrive within the timeout from
+                    # its first byte (a byte now and then does not hold it open: slowloris).
                     self.idle = False
-                    timeout = config.body_read_timeout_s
-                    timer.deadline = (trio.current_time() + timeout) if timeout else math.inf
+                    if not head_timed:
+                        head_timed = True
+                        timeout = config.body_read_timeout_s
+                        timer.deadline = (trio.current_time() + timeout) if timeout else math.inf
                 else:
                     if self.closing:
                         return
@@ -295,10 +379,12 @@ class Connection:
                 self._feed(data)
                 continue
             timer.deadline = math.inf
+            head_timed = False
             message = queue[0]
             await self._respond(message)
             queue.popleft()
-            self._ahead = 0
+            if not queue:  # what was read ahead is all answered: a new allowance
+                self._ahead = 0
             if not self._keep or self.closing:
                 return
 
@@ -307,13 +393,18 @@ class Connection:
     def _scope(self, message: _Message) -> dict[str, Any]:
         target = message.target
         if target[:1] != b"/" and target != b"*":  # absolute-form (a proxy's request)
-            url = httptools.parse_url(target)
+            try:
+                url = httptools.parse_url(target)
+            except httptools.HttpParserInvalidURLError:
+                raise _BadTarget from None
             raw_path, query = url.path or b"/", url.query or b""
         else:
             raw_path, _, query = target.partition(b"?")
         path = raw_path.decode("latin-1")
         if "%" in path:
-            path = unquote(path, errors="surrogateescape")
+            # Bytes that are not UTF-8 become U+FFFD, as in hypercorn and uvicorn: a
+            # surrogate escape is a str no encoder takes, so ``/%ff`` was the app's 500.
+            path = unquote(path)
         return {
             "type": "http", "asgi": _ASGI, "http_version": message.version,
             "method": message.method, "scheme": "http", "path": path,
@@ -333,6 +424,9 @@ class Connection:
         try:
             scope = self._scope(message)
             await self.app(scope, self.receive, self.send)
+        except _BadTarget:  # the parser let it through, the URL parser refuses it
+            self._keep = False
+            await self._answer_error(400)
         except Exception:
             logger.exception("error in ASGI application")
             self._keep = False
@@ -359,6 +453,9 @@ class Connection:
         if not message.complete:  # the rest of its body was never read
             self._keep = False
             self._unread = self._status_error != 408
+            # A parse error met in that unread body: the app's answer stands; a second
+            # answer (400) would read as the answer to the client's next request.
+            self._error = 0
         if self._status_error:
             self._keep = False
 
@@ -508,14 +605,17 @@ class Connection:
             self._keep = False  # HTTP/1.0 stream: the close ends the body
         if bodiless:
             self._head_only = True
-        if self.closing or self._status_error:
+        message = self._msg
+        if self.closing or self._status_error or (message is not None and not message.complete):
+            # An answer before the request's body is in (a 413): the connection ends after
+            # it, and the client must know it before it sends another request.
             self._keep = False
         if not self._keep:
             extra += b"connection: close\r\n"
         return _head.encode_head(status, lines, extra)
 
     async def _answer_error(self, status: int) -> None:
-        """The server's own answer (400, 408, 431, 500): it ends the connection."""
+        """The server's own answer (400, 408, 431, 500, 501): it ends the connection."""
         body, headers = self.config.error_body(status)
         self._keep = False
         lines = [b"%b: %b\r\n" % (k, v) for k, v in headers]
