@@ -234,8 +234,9 @@ class HttpSettings:
     (or the master key); unset, ``/metrics`` is open, as Prometheus scrapers expect.
     ``cors_allow_origins``: origins (``https://app.example``, or ``"*"``) whose browsers
     may call the gateway; preflight ``OPTIONS`` requests are answered for them.
-    ``body_read_timeout_s``: the longest a partly received request (head or body) may go
-    without a byte before it is answered 408 and its connection closed.
+    ``body_read_timeout_s``: a request head must be complete this long after its first
+    byte, and a body may go this long without a byte; otherwise the request is answered
+    408 and its connection closed (a head trickled a byte at a time is not kept alive).
     """
 
     metrics_key: str | None = attrs.field(default=None, repr=False)
