@@ -3,8 +3,9 @@
 Whatever happened (success, upstream failure, rejection, cancellation, cache hit), the
 request's writes go to the settler in one batch: routing usage and cooldowns, and (with
 governance) budget settlement and rate-limit settlement, and (with the cache) the SET.
-Settlement runs in a shielded scope bounded by ``post_call_deadline_s``: a client that
-went away does not cancel its own accounting.
+Settlement only declares (sync, no checkpoint between its first write and the hand-off),
+so a client that went away cannot cancel its own accounting half-way
+(``batch.post_call_batch``: no deadline scope is needed around it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from triogate.batch import open_post_call_batch
+from triogate.batch import post_call_batch
 from triogate.cache.replay import assemble
 from triogate.governance.settle import settle as governance_settle
 from triogate.otel import RequestSpans
@@ -114,15 +115,15 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
     settle_started_s = trio.current_time()
     settings = services.config.settings
     now_ms = services.clock_ms()
-    async with open_post_call_batch(
-        services.settler, trace_id=call.trace_id, deadline_s=settings.post_call_deadline_s
-    ) as post:
+    cost = cost_nanousd(outcome)  # once: the batch, the row, the metrics and the log line
+    # The callbacks below only declare (sync): no deadline or shield scope to pay for.
+    with post_call_batch(services.settler, trace_id=call.trace_id) as post:
         # A cache hit counts for RPM but uses no tokens: its TPM reservation goes back.
         tokens = 0 if outcome.status == "cache_hit" else (
             outcome.usage.input_tokens + outcome.usage.output_tokens)
         # Budgets and rate windows: one script per principal (governance/settle.py).
         governance_settle(post, admitted.request, budget_outcome=admitted.budgets,
-                          rate_outcome=admitted.rates, actual_nanousd=cost_nanousd(outcome),
+                          rate_outcome=admitted.rates, actual_nanousd=cost,
                           actual_tokens=tokens, admitted=outcome.admitted, now_ms=now_ms)
         if admitted.routing is not None:
             services.router.record(
@@ -141,13 +142,21 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
     deployment = outcome.deployment
     duration_s = trio.current_time() - call.request.started_at
     if services.spend_logs is not None:
-        services.spend_logs.submit_nowait(_spend_row(call, admitted, outcome, now_ms))
+        services.spend_logs.submit_nowait(_spend_row(call, admitted, outcome, now_ms, cost))
     services.metrics.observe_request(
         call.route, call.group, deployment.id if deployment else "-",
-        outcome.http_status or 0, duration_s, cost_nanousd=cost_nanousd(outcome),
+        outcome.http_status or 0, duration_s, cost_nanousd=cost,
     )
     if admitted.routing is not None:
         services.metrics.observe_attempts(admitted.routing.attempts)
+    if logger.isEnabledFor(logging.INFO):  # the line's dict only when it is written
+        _log_line(call, outcome, deployment, duration_s, cost, log_prompts=settings.log_prompts)
+    if services.spans is not None:
+        services.spans.request_done(_spans(call, admitted, outcome, settle_started_s, cost))
+
+
+def _log_line(call: Call, outcome: Outcome, deployment: Deployment | None, duration_s: float,
+              cost: int, *, log_prompts: bool) -> None:
     line: dict[str, object] = {
         "trace_id": call.trace_id,
         "route": call.route,
@@ -157,19 +166,17 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         "latency_ms": round(duration_s * 1000, 1),
         "input_tokens": outcome.usage.input_tokens,
         "output_tokens": outcome.usage.output_tokens,
-        "cost_nanousd": cost_nanousd(outcome),
+        "cost_nanousd": cost,
         "stream": call.stream,
     }
-    if settings.log_prompts:  # off by default: prompts and answers are the users' data
+    if log_prompts:  # off by default: prompts and answers are the users' data
         line["request_body"] = call.body
         line["response_body"] = outcome.body
     logger.info("request", extra=line)
-    if services.spans is not None:
-        services.spans.request_done(_spans(call, admitted, outcome, settle_started_s))
 
 
-def _spans(call: Call, admitted: Admission, outcome: Outcome, settle_started_s: float
-           ) -> RequestSpans:
+def _spans(call: Call, admitted: Admission, outcome: Outcome, settle_started_s: float,
+           cost: int) -> RequestSpans:
     attempts = (outcome.route.attempts if outcome.route is not None
                 else tuple(admitted.routing.attempts) if admitted.routing is not None else ())
     return RequestSpans(
@@ -179,11 +186,12 @@ def _spans(call: Call, admitted: Admission, outcome: Outcome, settle_started_s: 
         ended_s=trio.current_time(), attempts=attempts,
         deployment=outcome.deployment.id if outcome.deployment else None,
         input_tokens=outcome.usage.input_tokens, output_tokens=outcome.usage.output_tokens,
-        cost_nanousd=cost_nanousd(outcome),
+        cost_nanousd=cost,
     )
 
 
-def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int) -> SpendLogRow:
+def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, cost: int
+               ) -> SpendLogRow:
     identity = admitted.identity
     key = identity.key if identity is not None and not identity.master else None
     deployment = outcome.deployment
@@ -202,7 +210,7 @@ def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int) -
         upstream_model=deployment.upstream_model if deployment else None,
         input_tokens=outcome.usage.input_tokens,
         output_tokens=outcome.usage.output_tokens,
-        cost_nanousd=cost_nanousd(outcome),
+        cost_nanousd=cost,
         cache_hit=outcome.status == "cache_hit",
         status="success" if outcome.status == "cache_hit" else outcome.status,
         http_status=outcome.http_status or None,

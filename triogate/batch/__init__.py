@@ -6,7 +6,8 @@ the gateway). The pieces:
 * :func:`open_batch_scope`: a nursery whose *participants* declare commands on a shared
   batch and await handles; one pipeline per backend leaves when every live participant
   waits. See ``_scope.py`` for the flush rule.
-* :func:`open_post_call_batch` and :class:`Settler`: writes after the model call, sent
+* :func:`open_post_call_batch` (:func:`post_call_batch` for callbacks that never wait)
+  and :class:`Settler`: writes after the model call, sent
   with group commit, journaled when Redis is down or busy (transient error replies),
   replayed in chunks, dead-lettered when they never can land, drained on shutdown.
 * :class:`Script`: Lua as a file plus its SHA; EVALSHA with a per-owner EVAL fallback.
@@ -46,9 +47,11 @@ from ._scope import Participant as Participant
 from ._scope import open_batch_scope as open_batch_scope
 from ._scripts import Script as Script
 from ._settler import PostCallBatch as PostCallBatch
+from ._settler import PostCallWrites as PostCallWrites
 from ._settler import Settler as Settler
 from ._settler import SettlerStatistics as SettlerStatistics
 from ._settler import open_post_call_batch as open_post_call_batch
+from ._settler import post_call_batch as post_call_batch
 from ._tracer import AFTER as AFTER
 from ._tracer import BEFORE as BEFORE
 from ._tracer import FlushRecord as FlushRecord
@@ -80,6 +83,7 @@ __all__ = (
     "MemoryTracer",
     "Participant",
     "PostCallBatch",
+    "PostCallWrites",
     "RedisAddress",
     "RespBackend",
     "Script",
@@ -90,5 +94,6 @@ __all__ = (
     "Tracer",
     "open_batch_scope",
     "open_post_call_batch",
+    "post_call_batch",
     "redact_url",
 )

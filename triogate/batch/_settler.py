@@ -205,6 +205,36 @@ async def open_post_call_batch(
         settler.submit_nowait(batch)
 
 
+def post_call_batch(settler: Settler, *, trace_id: str) -> PostCallWrites:
+    """:func:`open_post_call_batch` for callbacks that do not wait: a sync ``with``.
+
+    ``with post_call_batch(settler, trace_id=...) as post:`` collects the writes declared
+    in the body and hands them to ``settler`` on exit (even on error), as the async form
+    does, without its async generator and deadline scope (~20 µs a request). Nothing
+    bounds the body: use it only where the body declares and never awaits (a body
+    without checkpoints cannot be cancelled either, so the shield is moot).
+    """
+    return PostCallWrites(PostCallBatch._create(settler, trace_id))
+
+
+@final
+class PostCallWrites:
+    """The sync context manager :func:`post_call_batch` returns."""
+
+    __slots__ = ("_batch",)
+
+    def __init__(self, batch: PostCallBatch) -> None:
+        self._batch = batch
+
+    def __enter__(self) -> PostCallBatch:
+        return self._batch
+
+    def __exit__(self, *exc_info: object) -> None:
+        batch = self._batch
+        batch._closed = True
+        batch._settler.submit_nowait(batch)
+
+
 @final
 class Settler:
     """Sends closed post-call batches with group commit; journals what cannot leave.
