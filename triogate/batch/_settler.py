@@ -247,6 +247,11 @@ class Settler:
         scripts: the registry, by name: a journaled script comes back as a name and a
             SHA, and is EVALed from here when the server does not know it.
         max_batches_per_flush: bound on one group commit.
+        max_commands_per_flush: bound on the commands of one group commit (a flush takes
+            at least one batch). Under load thousands of batches queue; one pipeline of
+            all their writes holds the server for its whole run, and fused into one
+            script call (``_fusion.py``) its header outgrew Lua's stack ("string slice
+            too long"): every write in it was dead-lettered.
         replay_interval_s: how often to retry journal replay while entries wait.
         replay_chunk_commands: about how many commands one replay round carries.
         replay_max_chunks: chunks per replay pass (new flushes go between passes).
@@ -264,6 +269,7 @@ class Settler:
         dead_letters: DeadLetterFile | None = None,
         scripts: Iterable[Script] = (),
         max_batches_per_flush: int = 1024,
+        max_commands_per_flush: int = 1024,
         replay_interval_s: float = 1.0,
         replay_chunk_commands: int = 256,
         replay_max_chunks: int = 16,
@@ -281,6 +287,7 @@ class Settler:
         self._tracer = tracer
         self._journal = journal
         self._max_batches = max_batches_per_flush
+        self._max_commands = max_commands_per_flush
         self._replay_interval_s = replay_interval_s
         self._queue: list[PostCallBatch] = []
         self._in_flight = 0
@@ -308,8 +315,7 @@ class Settler:
         try:
             while True:
                 if self._queue:
-                    batches = self._queue[: self._max_batches]
-                    del self._queue[: self._max_batches]
+                    batches = self._take()
                     await self._flush(batches)
                 # Replay at most every replay_interval_s while it makes no progress (a
                 # down backend must not cost every flush a second timeout), at once
@@ -339,6 +345,19 @@ class Settler:
             if self._journal is not None:
                 self._journal.close()
             self._drained.set()
+
+    def _take(self) -> list[PostCallBatch]:
+        """The next group commit: queued batches in order, within both bounds."""
+        queue = self._queue
+        count = commands = 0
+        for batch in queue[: self._max_batches]:
+            commands += len(batch._handles)
+            if count and commands > self._max_commands:
+                break
+            count += 1
+        taken = queue[:count]
+        del queue[:count]
+        return taken
 
     async def wait_drained(self) -> None:
         """Wait until every submitted batch has been sent, journaled or failed."""

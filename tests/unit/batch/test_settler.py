@@ -14,6 +14,7 @@ from triogate.batch import (
     MemoryTracer,
     Settler,
     open_post_call_batch,
+    post_call_batch,
 )
 from triogate.batch.testing import FaultyBackend, RecordingBackend
 
@@ -142,3 +143,22 @@ async def test_cancelling_the_settler_journals_what_was_queued(
     assert await successor.open() == 3
     assert sorted(e.trace_id for e in successor.pending) == ["r0", "r1", "r2"]
     successor.close()
+
+
+async def test_a_group_commit_is_bounded_by_its_commands(autojump_clock: MockClock) -> None:
+    """Batches queued during a flush leave in group commits of at most
+    ``max_commands_per_flush`` commands (one batch at least), in order."""
+    backend = RecordingBackend(delay_s=1)
+    settler = Settler({"default": backend}, max_commands_per_flush=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        for i, size in enumerate((1, 2, 2, 2, 7, 1)):
+            with post_call_batch(settler, trace_id=f"r{i}") as post:
+                for j in range(size):
+                    post.call("INCRBY", keys=[f"k{i}"], args=[j], owner="budgets")
+        await settler.wait_drained()
+        nursery.cancel_scope.cancel()
+    # 1+2+2 = 5; then 2 (2+7 would be 9); then 7 alone (over the bound, but one batch
+    # always leaves); then 1.
+    assert [len(p) for p in backend.pipelines] == [5, 2, 7, 1]
+    assert settler.statistics().batches == 6
