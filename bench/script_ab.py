@@ -51,6 +51,9 @@ class Tree:
         rate_limits = (path / "triogate" / "governance" / "rate_limits.py").read_text()
         self.skips_plain_settle = "Nothing to change at this principal" in rate_limits
         self.merged = (path / "triogate" / "governance" / "settle.py").exists()
+        #: w5-agg: one principal's settlements of a settler flush in one call
+        many = lua / "budget_settle_many.lua"
+        self.many = client.script_load(many.read_text()) if many.exists() else None
 
     def request(self, p: valkey.client.Pipeline, i: int) -> None:
         sha, now = self.sha, int(time.time() * 1000)
@@ -204,6 +207,48 @@ def _calls(tree: Tree, i: int) -> list[tuple[object, ...]]:
     return recorder.calls
 
 
+POST_CALL = ("budget_settle", "rate_settle", "routing_record")
+
+
+def grouped(tree: Tree, first: int, count: int, *, merge: bool = True
+            ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """The calls of ``count`` requests as a gateway under load sends them: every request's
+    calls before the model call, then their post-call calls as one settler flush (group
+    commit), where a tree with ``budget_settle_many.lua`` merges one principal's
+    settlements into one call (as ``batch/_merge.py`` does)."""
+    names = {sha: n for n, sha in tree.sha.items()}
+    before: list[tuple[object, ...]] = []
+    after: list[tuple[object, ...] | list[tuple[object, ...]]] = []
+    groups: dict[tuple[object, ...], list[tuple[object, ...]]] = {}
+    for i in range(first, first + count):
+        for call in _calls(tree, i):
+            name = names[str(call[0])]
+            if name not in POST_CALL:
+                before.append(call)
+            elif name == "budget_settle" and merge and tree.many is not None:
+                nkeys = int(call[1])  # type: ignore[call-overload]
+                keys = call[2:2 + nkeys]
+                if keys not in groups:
+                    groups[keys] = []
+                    after.append(groups[keys])  # the group, at its first call's place
+                groups[keys].append(call)
+            else:
+                after.append(call)
+    out: list[tuple[object, ...]] = []
+    for entry in after:
+        if isinstance(entry, tuple):
+            out.append(entry)
+        elif len(entry) == 1:
+            out.append(entry[0])
+        else:
+            nkeys = int(entry[0][1])  # type: ignore[call-overload]
+            args: list[object] = []
+            for call in entry:
+                args += [len(call) - 2 - nkeys, *call[2 + nkeys:]]
+            out.append((tree.many, *entry[0][1:2 + nkeys], *args))
+    return before, out
+
+
 def server_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -227,6 +272,11 @@ def main() -> None:
     parser.add_argument("--principals", type=int, default=1,
                         help="spread the requests over this many keys, teams and end users "
                         "(many principals at a low rate each: small marker hashes)")
+    parser.add_argument("--group", type=int, default=1, metavar="G",
+                        help="send G requests' pre-call calls, then their post-call calls as "
+                        "one flush (group commit; merged settlements where a tree has them)")
+    parser.add_argument("--no-merge", action="store_true",
+                        help="with --group: never merge settlements")
     args = parser.parse_args()
     server_bin = args.server
     if server_bin is None:
@@ -252,7 +302,15 @@ def main() -> None:
             for block in range(args.blocks + 1):  # the first block of each tree warms up
                 for tree in trees:
                     c0, u0 = server_cpu_s(server.pid), evalsha_usec(client)
-                    for _ in range(args.block):
+                    if args.group > 1:
+                        for _ in range(0, args.block, args.group):
+                            for part in grouped(tree, n, args.group, merge=not args.no_merge):
+                                p = client.pipeline(transaction=False)
+                                for call in part:
+                                    p.evalsha(*call)
+                                p.execute()
+                            n += args.group
+                    for _ in range(args.block if args.group <= 1 else 0):
                         p = client.pipeline(transaction=False)
                         tree.request(p, n)
                         p.execute()
@@ -267,7 +325,8 @@ def main() -> None:
             server.kill()
             server.wait()
     print(f"server {server_bin}; {args.blocks} blocks of {args.block} requests per tree, "
-          f"{args.principals} principal(s) of each kind")
+          f"{args.principals} principal(s) of each kind, group commits of {args.group}"
+          + (" (no merge)" if args.no_merge else ""))
     first = None
     for tree in trees:
         c, u = statistics.median(cpu[tree.index]), statistics.median(usec[tree.index])

@@ -14,8 +14,9 @@
 -- * markers: a request is applied iff its id is neither in the markers HASH nor an earlier
 --   request of this call (HMGET, then one HSET of the new ids); the PAD and the HASH's TTL
 --   as the first new marker would have them;
--- * rate windows: each applied request's adjustments run in order, the very code of
---   budget_settle.lua (keep them identical); parallel slots: one ZREM of every applied id;
+-- * rate windows: each applied request's adjustments run in order, budget_settle.lua's
+--   rules on a copy of the window's fields (below; keep the rules identical), written
+--   back once; parallel slots: one ZREM of every applied id;
 -- * holds: one HMGET; what was found is HDEL'd in one call and its sum leaves `reserved`
 --   in one HINCRBY; leases: one ZREM;
 -- * spend: one HINCRBY of the applied requests' sum; each reply's spend is the total
@@ -117,31 +118,56 @@ if #fresh > 0 then
   end
 end
 
--- The rate windows: budget_settle.lua's code, per applied request in order.
+-- The rate windows: budget_settle.lua's adjustments, per applied request in order, on a
+-- copy of each window's fields in Lua (read once, with one HMGET of what is missing),
+-- written back once at the end: a DEL if the window was deleted on the way, one HSET of
+-- what was set, one HDEL of what was removed, the PEXPIRE if a bucket was created after
+-- the last DEL. The clamps (a bucket never below 0, a window deleted when its total
+-- reaches 0) are applied request by request, exactly as the lone calls do.
 if n > 0 and #fresh > 0 then
   local bucket, now_ms, in_window, bucket_s
-  local function adjust(key, delta)
-    if delta == 0 or not in_window then return end
-    local state = redis.call('HMGET', key, bucket_s, 't', 'o')
-    local low = state[3] and state[3] + 0
-    if low and bucket < low then return end
-    local before = state[1] and state[1] + 0 or 0
-    local value = before + delta
-    local total = state[2] and state[2] + 0
-    if value > 0 then
-      if total then
-        redis.call('HSET', key, bucket_s, string.format('%d', value),
-          't', string.format('%d', total + delta))
-      else
-        redis.call('HSET', key, bucket_s, string.format('%d', value))
+  local w  -- the window being adjusted: {key, values, deleted, dirty, expire}
+  local function get3(f1, f2, f3)
+    local want, at = {}, {}
+    for _, f in ipairs({f1, f2, f3}) do
+      if w.values[f] == nil and not w.deleted and not at[f] then
+        want[#want + 1] = f
+        at[f] = true
       end
-      if not state[1] then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+    end
+    if #want > 0 then
+      local got = redis.call('HMGET', w.key, unpack(want))
+      for k = 1, #want do w.values[want[k]] = got[k] end
+    end
+    local function v(f)
+      local x = w.values[f]
+      if x == false or x == nil then return nil end
+      return x
+    end
+    return v(f1), v(f2), v(f3)
+  end
+  local function set(f, x)
+    w.values[f] = x
+    w.dirty[f] = true
+  end
+  local function adjust(delta)
+    if delta == 0 or not in_window then return end
+    local s1, s2, s3 = get3(bucket_s, 't', 'o')
+    local low = s3 and s3 + 0
+    if low and bucket < low then return end
+    local before = s1 and s1 + 0 or 0
+    local value = before + delta
+    local total = s2 and s2 + 0
+    if value > 0 then
+      set(bucket_s, string.format('%d', value))
+      if total then set('t', string.format('%d', total + delta)) end
+      if not s1 then w.expire = true end
     else
-      redis.call('HDEL', key, bucket_s)
+      set(bucket_s, false)
       if total and total - before <= 0 then
-        redis.call('DEL', key)
+        w.values, w.dirty, w.deleted, w.expire = {}, {}, true, false
       elseif total then
-        redis.call('HSET', key, 't', total - before)
+        set('t', string.format('%d', total - before))
       end
     end
   end
@@ -151,17 +177,32 @@ if n > 0 and #fresh > 0 then
     if kind == 'p' then
       redis.call('ZREM', key, unpack(fresh))
     else
+      w = {key = key, values = {}, deleted = false, dirty = {}, expire = false}
       for k = 1, #applied do
         local r = applied[k]
         bucket, now_ms = r.bucket, r.now
         in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
         bucket_s = string.format('%d', bucket)
         if r.mode == 'u' then
-          if kind == 'r' then adjust(key, -1) else adjust(key, -r.estimate) end
+          if kind == 'r' then adjust(-1) else adjust(-r.estimate) end
         elseif r.mode == 'a' and kind == 't' then
-          adjust(key, r.tokens - r.estimate)
+          adjust(r.tokens - r.estimate)
         end
       end
+      if w.deleted then redis.call('DEL', key) end
+      local sets, dels = {}, {}
+      for f in pairs(w.dirty) do
+        local x = w.values[f]
+        if x then
+          sets[#sets + 1] = f
+          sets[#sets + 1] = x
+        else
+          dels[#dels + 1] = f
+        end
+      end
+      if #dels > 0 and not w.deleted then redis.call('HDEL', key, unpack(dels)) end
+      if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
+      if w.expire then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
     end
   end
 end

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from triogate.batch import CommandError, RespBackend
@@ -27,8 +27,9 @@ STEPS_MS = [0, 1, 999, 1000, 5_000, LEASE_MS, 59_000, 60_000, 61_000]
 
 windows_strategy = st.lists(
     st.one_of(
-        st.tuples(st.just("r"), st.integers(0, 12)),
-        st.tuples(st.just("t"), st.integers(0, 600)),
+        # limit 0 often: refused admissions, whose settlements create buckets
+        st.tuples(st.just("r"), st.one_of(st.just(0), st.integers(0, 12))),
+        st.tuples(st.just("t"), st.one_of(st.just(0), st.integers(0, 600))),
         st.tuples(st.just("p"), st.integers(0, 4)),
     ),
     max_size=3,
@@ -70,6 +71,16 @@ async def _state(redis: RespBackend, keys: list[str]) -> list[object]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(windows=windows_strategy, max_budget=st.integers(0, 1000), ops=ops_strategy,
        start=st.integers(0, 999), ttl=st.sampled_from([0, 3_600_000]))
+# A window created by a settlement (its admissions were refused), then deleted and
+# created again within one group.
+@example(windows=[("t", 0), ("r", 0)], max_budget=1000, start=0, ttl=3_600_000,
+         ops=[("admit", 10, 5), ("admit", 10, 5),
+              ("group", [(0, "a", 30, 1), (1, "a", 12, 2), (0, "a", 30, 1)]),
+              ("group", [(1, "u", 0, 0)])])
+@example(windows=[("r", 5), ("t", 100)], max_budget=1000, start=0, ttl=0,
+         ops=[("admit", 10, 5), ("admit", 10, 5), ("admit", 20, 5),
+              ("group", [(0, "u", 0, 0), (1, "u", 0, 0), (2, "a", 40, 3)]),
+              ("advance", 61_000), ("group", [(2, "u", 0, 0)])])
 def test_a_merged_group_is_the_single_calls_in_turn(
     redis_url: str,
     windows: list[tuple[str, int]],
