@@ -201,6 +201,56 @@ def per_script_instructions(paths: list[Path], server_bin: str, requests: int,
             print(f"    {'all scripts':22s} {total / 1000:7.1f}k per request", flush=True)
 
 
+def group_instructions(paths: list[str], server_bin: str, requests: int, group: int) -> None:
+    """Instructions per request of the whole script sequence, deterministic: per tree, a
+    fresh server under callgrind, instrumented only while the measured requests run;
+    requests go in groups of ``group`` (their pre-call calls, then their post-call calls
+    as one flush, merged where the tree can: see :func:`grouped`). ``TREE@nomerge``: the
+    tree without merging. Warm-up: one group per tree before instrumenting."""
+    for spec in paths:
+        name, _, flag = spec.partition("@")
+        path = Path(name).resolve()
+        with tempfile.TemporaryDirectory(prefix="triogate-sab-gi-") as work:
+            sock, out = f"{work}/r.sock", f"{work}/r.cg"
+            server = subprocess.Popen(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                 "--instr-atstart=no", server_bin, "--port", "0", "--unixsocket", sock,
+                 "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            while not os.path.exists(sock):
+                time.sleep(0.1)
+            client = valkey.Valkey(unix_socket_path=sock)
+            tree = Tree(path, 0, client, 1)
+            merge = flag != "nomerge"
+
+            def run(first: int, count: int, tree: Tree = tree, merge: bool = merge,
+                    client: valkey.Valkey = client) -> None:
+                for start in range(first, first + count, group):
+                    for part in grouped(tree, start, group, merge=merge):
+                        p = client.pipeline(transaction=False)
+                        for call in part:
+                            p.evalsha(*call)
+                        p.execute()
+
+            run(0, group)
+            subprocess.run(["callgrind_control", "-i", "on", str(server.pid)],
+                           capture_output=True, check=False)
+            run(group, requests)
+            subprocess.run(["callgrind_control", "-i", "off", str(server.pid)],
+                           capture_output=True, check=False)
+            server.terminate()
+            server.wait(300)
+            if os.environ.get("CG_KEEP"):  # a folder to keep the callgrind output in
+                for f in Path(work).glob("r.cg*"):
+                    Path(os.environ["CG_KEEP"], f"{path.name}{flag}{f.name}").write_bytes(
+                        f.read_bytes())
+            ir = sum(int(line.split()[1]) for f in Path(work).glob("r.cg*")
+                     for line in Path(f).read_text(errors="replace").splitlines()
+                     if line.startswith(("summary:", "totals:")))
+            print(f"{spec}: group {group}: {ir / requests / 1000:,.1f}k instructions per "
+                  "request (all scripts)", flush=True)
+
+
 def _calls(tree: Tree, i: int) -> list[tuple[object, ...]]:
     recorder = _Recorder()
     tree.request(recorder, 10**9 + i)  # type: ignore[arg-type]
@@ -260,7 +310,7 @@ def evalsha_usec(client: valkey.Valkey) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trees", nargs="+", type=Path)
+    parser.add_argument("trees", nargs="+")
     parser.add_argument("--blocks", type=int, default=20, help="blocks per tree")
     parser.add_argument("--block", type=int, default=500, help="requests per block")
     parser.add_argument("--server", default=None)
@@ -277,13 +327,20 @@ def main() -> None:
                         "one flush (group commit; merged settlements where a tree has them)")
     parser.add_argument("--no-merge", action="store_true",
                         help="with --group: never merge settlements")
+    parser.add_argument("--group-instructions", type=int, default=0, metavar="N",
+                        help="only count instructions per request under callgrind, N "
+                        "requests per tree in groups of --group (deterministic); TREE@nomerge")
     args = parser.parse_args()
     server_bin = args.server
     if server_bin is None:
         from triogate.redis_server import find_server_binary
         server_bin = find_server_binary()
+    if args.group_instructions:
+        group_instructions([str(t) for t in args.trees], server_bin, args.group_instructions,
+                           max(1, args.group))
+        return
     if args.per_script_instructions:
-        per_script_instructions([t.resolve() for t in args.trees], server_bin,
+        per_script_instructions([Path(t).resolve() for t in args.trees], server_bin,
                                 args.per_script_instructions)
         return
     with tempfile.TemporaryDirectory(prefix="triogate-sab-") as work:
@@ -294,7 +351,7 @@ def main() -> None:
             while not os.path.exists(sock):
                 time.sleep(0.05)
             client = valkey.Valkey(unix_socket_path=sock)
-            trees = [Tree(t.resolve(), i, client, args.principals)
+            trees = [Tree(Path(t).resolve(), i, client, args.principals)
                      for i, t in enumerate(args.trees)]
             cpu: dict[int, list[float]] = {i: [] for i in range(len(trees))}
             usec: dict[int, list[float]] = {i: [] for i in range(len(trees))}

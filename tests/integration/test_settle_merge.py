@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
+#: SETTLE_MERGE from 2 calls (the gateway's starts at 4): small groups for the tests.
+MERGE = Merge(single=SETTLE, merged=SETTLE_MANY)
+
 NOW_MS = 1_700_000_000_000
 
 
@@ -131,7 +134,8 @@ async def test_a_failed_merged_call_falls_back_to_the_single_calls(
 async def test_a_refused_request_fails_alone(redis: RespBackend) -> None:
     """One request's bad argument refuses the merged call; the others settle, the bad one
     gets its own call's error (and only it is dead-lettered)."""
-    settler = Settler({"counters": redis}, merges=[SETTLE_MERGE])
+    spy = Spy(redis)
+    settler = Settler({"counters": spy}, merges=[MERGE])
     keys = await _principal(redis, {"r1": 40, "r2": 40, "r3": 40})
     calls: list[tuple[list[str], list[object]]] = [
         (keys, ["r1", 1, 0, 600_000]), (keys, ["r2", -5, 0, 600_000]),
@@ -145,11 +149,13 @@ async def test_a_refused_request_fails_alone(redis: RespBackend) -> None:
         handles[1].result()
     assert handles[2].result() == [1, 40, 4]
     assert settler.statistics().dead_lettered == 1
+    assert (spy.script_calls(SETTLE_MANY), spy.script_calls(SETTLE)) == (1, 3)
 
 
 async def test_a_merged_call_runs_after_a_script_flush(redis: RespBackend) -> None:
     """NOSCRIPT on the merged call: EVAL, as for any script."""
-    settler = Settler({"counters": redis}, merges=[SETTLE_MERGE])
+    spy = Spy(redis)
+    settler = Settler({"counters": spy}, merges=[MERGE])
     keys = await _principal(redis, {"r1": 40, "r2": 40})
     await redis.execute([("SCRIPT", "FLUSH")])
     async with trio.open_nursery() as nursery:
@@ -158,6 +164,7 @@ async def test_a_merged_call_runs_after_a_script_flush(redis: RespBackend) -> No
                                           (keys, ["r2", 2, 0, 600_000])])
         nursery.cancel_scope.cancel()
     assert [h.result() for h in handles] == [[1, 40, 1], [1, 40, 3]]
+    assert (spy.script_calls(SETTLE_MANY), spy.script_calls(SETTLE)) == (2, 0)  # EVALSHA, EVAL
 
 
 async def test_the_journal_keeps_single_calls_and_replays_them(
@@ -166,7 +173,7 @@ async def test_the_journal_keeps_single_calls_and_replays_them(
     """Backend down during the merged call: each request's call is journaled alone (one
     entry per request), and replayed alone (merged or not, a replay is per request)."""
     backend = FaultyBackend(redis)
-    settler = Settler({"counters": backend}, merges=[SETTLE_MERGE],
+    settler = Settler({"counters": backend}, merges=[MERGE],
                       journal=Journal(tmp_path / "journal"), scripts=[SETTLE],
                       replay_interval_s=0.05)
     keys = await _principal(redis, {"r1": 40, "r2": 40})

@@ -64,15 +64,20 @@ class Merge:
         merged: the script that settles many of them (the contract in this module's
             docstring).
         max_calls: most calls one merged call carries (a larger group is split).
+        min_calls: fewest calls worth a merged call; a smaller group goes as single
+            calls (a merged script's own bookkeeping may cost more than it saves on a
+            few calls: measure it).
     """
 
     single: Script
     merged: Script
     max_calls: int = DEFAULT_MAX_CALLS
+    min_calls: int = 2
 
     def __attrs_post_init__(self) -> None:
-        if self.max_calls < 2:
-            raise ValueError(f"max_calls must be >= 2, not {self.max_calls}")
+        if not 2 <= self.min_calls <= self.max_calls:
+            raise ValueError(f"need 2 <= min_calls <= max_calls, not {self.min_calls} and "
+                             f"{self.max_calls}")
 
     def command(self, calls: Sequence[Command]) -> Command:
         """The merged call of ``calls`` (same script, keys and backend)."""
@@ -98,7 +103,8 @@ def plan_merges(
     """The wire commands of ``commands``: each a lone command (its index, no merge) or a
     merged call (its calls' indices, the merge), at the place of its first call.
 
-    Calls are grouped by script, backend and keys; a group of one is sent alone.
+    Calls are grouped by script, backend and keys; a group smaller than its merge's
+    ``min_calls`` is sent as single calls, in order, at the group's place.
     """
     groups: dict[tuple[str, str, tuple[Arg, ...]], list[int]] = defaultdict(list)
     order: list[int | list[int]] = []
@@ -119,13 +125,14 @@ def plan_merges(
     for entry in order:
         if isinstance(entry, int):
             out.append((commands[entry], (entry,), None))
-        elif len(entry) == 1:
-            out.append((commands[entry[0]], (entry[0],), None))
         else:
             script = commands[entry[0]].script
             assert script is not None
             merge = merges[script.sha]
-            out.append((merge.command([commands[i] for i in entry]), tuple(entry), merge))
+            if len(entry) < merge.min_calls:
+                out += [(commands[i], (i,), None) for i in entry]
+            else:
+                out.append((merge.command([commands[i] for i in entry]), tuple(entry), merge))
     return out
 
 

@@ -57,8 +57,10 @@ local ok, good = pcall(function()
   while at <= argc do
     local c = int(ARGV[at], 4)
     if not c or at + c > argc then return false end
+    -- every field in the constructor: the table is sized once (no rehash as fields come)
     local r = {id = ARGV[at + 1], actual = int(ARGV[at + 2], 0), ttl = int(ARGV[at + 3], 0),
-      marker_ttl = int(ARGV[at + 4], 1)}
+      marker_ttl = int(ARGV[at + 4], 1), mode = false, bucket = false, estimate = false,
+      tokens = false, now = false, at = at, applied = false, released = 0}
     if not (r.actual and r.ttl and r.marker_ttl) then return false end
     if n > 0 then
       if c ~= 9 + n then return false end
@@ -75,7 +77,6 @@ local ok, good = pcall(function()
     elseif c ~= 4 then
       return false
     end
-    r.at = at
     reqs[#reqs + 1] = r
     at = at + 1 + c
   end
@@ -127,24 +128,17 @@ end
 if n > 0 and #fresh > 0 then
   local bucket, now_ms, in_window, bucket_s
   local w  -- the window being adjusted: {key, values, deleted, dirty, expire}
+  -- A field of the window: from the copy, else (not deleted) read with the others missing.
   local function get3(f1, f2, f3)
-    local want, at = {}, {}
-    for _, f in ipairs({f1, f2, f3}) do
-      if w.values[f] == nil and not w.deleted and not at[f] then
-        want[#want + 1] = f
-        at[f] = true
-      end
+    local values = w.values
+    local x1, x2, x3 = values[f1], values[f2], values[f3]
+    if not w.deleted and (x1 == nil or x2 == nil or x3 == nil) then
+      local got = redis.call('HMGET', w.key, f1, f2, f3)
+      if x1 == nil then x1 = got[1]; values[f1] = x1 end
+      if x2 == nil then x2 = got[2]; values[f2] = x2 end
+      if x3 == nil then x3 = got[3]; values[f3] = x3 end
     end
-    if #want > 0 then
-      local got = redis.call('HMGET', w.key, unpack(want))
-      for k = 1, #want do w.values[want[k]] = got[k] end
-    end
-    local function v(f)
-      local x = w.values[f]
-      if x == false or x == nil then return nil end
-      return x
-    end
-    return v(f1), v(f2), v(f3)
+    return x1 or nil, x2 or nil, x3 or nil
   end
   local function set(f, x)
     w.values[f] = x

@@ -39,9 +39,19 @@ def test_calls_with_the_same_script_and_keys_merge_at_their_first_place() -> Non
     assert merged.args == (1, 1, 2, 3, 4, 1, 6)  # per call: its count, its arguments
 
 
-def test_max_calls_below_two_is_refused() -> None:
-    with pytest.raises(ValueError, match="max_calls"):
+def test_a_group_below_min_calls_goes_as_single_calls_at_its_place() -> None:
+    merge = Merge(single=ONE, merged=MANY, min_calls=3)
+    commands = [call("a", 1), call("b", 2), call("a", 3), call("b", 4), call("b", 5)]
+    planned = plan_merges(commands, {ONE.sha: merge})
+    assert [(members, m is not None) for _, members, m in planned] == [
+        ((0,), False), ((2,), False), ((1, 3, 4), True)]
+
+
+def test_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="min_calls"):
         Merge(single=ONE, merged=MANY, max_calls=1)
+    with pytest.raises(ValueError, match="min_calls"):
+        Merge(single=ONE, merged=MANY, min_calls=5, max_calls=4)
 
 
 @pytest.mark.parametrize(("merged_reply", "expected"), [
