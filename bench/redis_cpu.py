@@ -18,6 +18,12 @@ waits until the settler drained, and reads from the server:
 
     PYTHONPATH=. python bench/redis_cpu.py /tmp/base-redis /work/wt/redis --requests 2000
     PYTHONPATH=. python bench/redis_cpu.py /tmp/base-redis . --callgrind --requests 300
+    PYTHONPATH=. python bench/redis_cpu.py /tmp/base . .@nomerge --callgrind --connections 32
+
+``TREE@nomerge`` runs TREE with ``governance.merge_settlements: false``; each run also
+prints the settler's post-call batches per flush (how much group commit happened). With
+many connections under callgrind the server is slow, so group commits are large and
+their size varies from run to run: the instruction counts then move by a few percent.
 """
 
 from __future__ import annotations

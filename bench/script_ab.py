@@ -17,6 +17,13 @@ principal's rate windows settled by its budget_settle), the sequence follows the
 
     python bench/script_ab.py /tmp/base-redis /work/wt/redis --blocks 20 --block 500
     python bench/script_ab.py A B --server /usr/bin/redis-server
+    python bench/script_ab.py A B B@nomerge --group-instructions 256 --group 8
+
+``--group G``: G requests' pre-call calls, then their post-call calls as one flush (a
+settler group commit), one principal's settlements merged into one
+``budget_settle_many.lua`` call where a tree has it (every group of 2 or more: the
+gateway itself merges from 4). ``--group-instructions N``: callgrind instructions per
+request over N requests so grouped, per tree, deterministic.
 """
 
 from __future__ import annotations
