@@ -18,6 +18,12 @@ waits until the settler drained, and reads from the server:
 
     PYTHONPATH=. python bench/redis_cpu.py /tmp/base-redis /work/wt/redis --requests 2000
     PYTHONPATH=. python bench/redis_cpu.py /tmp/base-redis . --callgrind --requests 300
+    PYTHONPATH=. python bench/redis_cpu.py /tmp/base . .@nomerge --callgrind --connections 32
+
+``TREE@nomerge`` runs TREE with ``governance.merge_settlements: false``; each run also
+prints the settler's post-call batches per flush (how much group commit happened). With
+many connections under callgrind the server is slow, so group commits are large and
+their size varies from run to run: the instruction counts then move by a few percent.
 """
 
 from __future__ import annotations
@@ -113,7 +119,11 @@ def child(args: argparse.Namespace) -> None:
                     model_list=[deployment("up-a"), deployment("up-b")],
                     router_settings={"routing_strategy": "usage-based-routing"},
                     litellm_settings={"cache": True, "cache_params": {"ttl": 600}},
-                    triogate={"tracing": False, "redis": {"url": url, "timeout_s": 30.0}})
+                    triogate={"tracing": False, "redis": {"url": url, "timeout_s": 30.0},
+                              # --no-merge: settlements one call each (a tree that knows
+                              # the setting; w5-agg and later)
+                              **({"governance": {"merge_settlements": False}}
+                                 if args.no_merge else {})})
                 async with running_gateway(config) as gateway, httpx.AsyncClient(
                         timeout=120) as http:
                     store = gateway.services.store
@@ -134,11 +144,13 @@ def child(args: argparse.Namespace) -> None:
                         await trio.run_process(["callgrind_control", "-i", "on",
                                                 str(server.pid)], capture_stdout=True)
                     before = await info(redis)
+                    settled0 = gateway.services.settler.statistics()
                     t0 = time.perf_counter()
                     await send(http, base, key, args.requests, "measured", args.connections)
                     await gateway.services.settler.wait_drained()
                     wall = time.perf_counter() - t0
                     after = await info(redis)
+                    settled1 = gateway.services.settler.statistics()
                     if args.callgrind:
                         await trio.run_process(["callgrind_control", "-i", "off",
                                                 str(server.pid)], capture_stdout=True)
@@ -162,6 +174,9 @@ def child(args: argparse.Namespace) -> None:
             "evalsha_us_per_request": (usec.get("evalsha", 0) + usec.get("eval", 0)) / n,
             "commands_per_request": {k: round(v / n, 2) for k, v in sorted(calls.items()) if v},
             "usec_per_request": {k: round(v / n, 2) for k, v in sorted(usec.items()) if v},
+            # group commit: post-call batches per settler flush
+            "batches_per_flush": round((settled1.batches - settled0.batches)
+                                       / max(1, settled1.flushes - settled0.flushes), 2),
         }
         if args.callgrind:
             result["callgrind"] = _callgrind(cg_out, n)
@@ -204,12 +219,15 @@ def _callgrind(out: Path, n: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trees", nargs="*", type=Path)
+    parser.add_argument("trees", nargs="*",
+                        help="tree folders; TREE@nomerge runs TREE with --no-merge")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--no-merge", action="store_true",
+                        help="governance.merge_settlements: false (trees that know it)")
     parser.add_argument("--server", default=None)
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -222,13 +240,16 @@ def main() -> None:
         return
     results: dict[str, list[dict[str, Any]]] = {}
     for round_ in range(args.rounds):
-        for tree in args.trees:
-            tree = tree.resolve()
+        for spec in args.trees:
+            name, _, flag = spec.partition("@")
+            tree = Path(name).resolve()
             argv = [sys.executable, "-P", __file__, "--child", str(tree),
                     "--requests", str(args.requests), "--warmup", str(args.warmup),
                     "--connections", str(args.connections)]
             if args.callgrind:
                 argv.append("--callgrind")
+            if args.no_merge or flag == "nomerge":
+                argv.append("--no-merge")
             if args.server:
                 argv += ["--server", args.server]
             env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}
@@ -237,13 +258,14 @@ def main() -> None:
                 print(done.stderr[-4000:], file=sys.stderr)
                 raise SystemExit(f"{tree}: child failed")
             r = json.loads(done.stdout.strip().splitlines()[-1])
-            results.setdefault(str(tree), []).append(r)
-            line = (f"round {round_ + 1} {tree}: server CPU "
+            results.setdefault(spec, []).append(r)
+            line = (f"round {round_ + 1} {spec}: server CPU "
                     f"{r['server_cpu_ms_per_request']:.3f} ms/req, commandstats "
                     f"{r['commandstats_us_per_request']:.1f} µs/req (EVALSHA "
                     f"{r['evalsha_us_per_request']:.1f}), "
                     f"{sum(r['commands_per_request'].values()):.1f} commands/req, "
-                    f"{r['requests'] / r['wall_s']:.0f} req/s")
+                    f"{r['requests'] / r['wall_s']:.0f} req/s, "
+                    f"{r['batches_per_flush']} batches/flush")
             print(line, flush=True)
             if "callgrind" in r:
                 print("   " + ", ".join(f"{k} {v / 1000:,.1f}k" for k, v in r["callgrind"].items()),

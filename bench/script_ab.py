@@ -17,6 +17,13 @@ principal's rate windows settled by its budget_settle), the sequence follows the
 
     python bench/script_ab.py /tmp/base-redis /work/wt/redis --blocks 20 --block 500
     python bench/script_ab.py A B --server /usr/bin/redis-server
+    python bench/script_ab.py A B B@nomerge --group-instructions 256 --group 8
+
+``--group G``: G requests' pre-call calls, then their post-call calls as one flush (a
+settler group commit), one principal's settlements merged into one
+``budget_settle_many.lua`` call where a tree has it (every group of 2 or more: the
+gateway itself merges from 4). ``--group-instructions N``: callgrind instructions per
+request over N requests so grouped, per tree, deterministic.
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ class Tree:
         rate_limits = (path / "triogate" / "governance" / "rate_limits.py").read_text()
         self.skips_plain_settle = "Nothing to change at this principal" in rate_limits
         self.merged = (path / "triogate" / "governance" / "settle.py").exists()
+        #: w5-agg: one principal's settlements of a settler flush in one call
+        many = lua / "budget_settle_many.lua"
+        self.many = client.script_load(many.read_text()) if many.exists() else None
 
     def request(self, p: valkey.client.Pipeline, i: int) -> None:
         sha, now = self.sha, int(time.time() * 1000)
@@ -198,10 +208,102 @@ def per_script_instructions(paths: list[Path], server_bin: str, requests: int,
             print(f"    {'all scripts':22s} {total / 1000:7.1f}k per request", flush=True)
 
 
+def group_instructions(paths: list[str], server_bin: str, requests: int, group: int) -> None:
+    """Instructions per request of the whole script sequence, deterministic: per tree, a
+    fresh server under callgrind, instrumented only while the measured requests run;
+    requests go in groups of ``group`` (their pre-call calls, then their post-call calls
+    as one flush, merged where the tree can: see :func:`grouped`). ``TREE@nomerge``: the
+    tree without merging. Warm-up: one group per tree before instrumenting."""
+    for spec in paths:
+        name, _, flag = spec.partition("@")
+        path = Path(name).resolve()
+        with tempfile.TemporaryDirectory(prefix="triogate-sab-gi-") as work:
+            sock, out = f"{work}/r.sock", f"{work}/r.cg"
+            server = subprocess.Popen(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                 "--instr-atstart=no", server_bin, "--port", "0", "--unixsocket", sock,
+                 "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            while not os.path.exists(sock):
+                time.sleep(0.1)
+            client = valkey.Valkey(unix_socket_path=sock)
+            tree = Tree(path, 0, client, 1)
+            merge = flag != "nomerge"
+
+            def run(first: int, count: int, tree: Tree = tree, merge: bool = merge,
+                    client: valkey.Valkey = client) -> None:
+                for start in range(first, first + count, group):
+                    for part in grouped(tree, start, group, merge=merge):
+                        p = client.pipeline(transaction=False)
+                        for call in part:
+                            p.evalsha(*call)
+                        p.execute()
+
+            run(0, group)
+            subprocess.run(["callgrind_control", "-i", "on", str(server.pid)],
+                           capture_output=True, check=False)
+            run(group, requests)
+            subprocess.run(["callgrind_control", "-i", "off", str(server.pid)],
+                           capture_output=True, check=False)
+            server.terminate()
+            server.wait(300)
+            if os.environ.get("CG_KEEP"):  # a folder to keep the callgrind output in
+                for f in Path(work).glob("r.cg*"):
+                    Path(os.environ["CG_KEEP"], f"{path.name}{flag}{f.name}").write_bytes(
+                        f.read_bytes())
+            ir = sum(int(line.split()[1]) for f in Path(work).glob("r.cg*")
+                     for line in Path(f).read_text(errors="replace").splitlines()
+                     if line.startswith(("summary:", "totals:")))
+            print(f"{spec}: group {group}: {ir / requests / 1000:,.1f}k instructions per "
+                  "request (all scripts)", flush=True)
+
+
 def _calls(tree: Tree, i: int) -> list[tuple[object, ...]]:
     recorder = _Recorder()
     tree.request(recorder, 10**9 + i)  # type: ignore[arg-type]
     return recorder.calls
+
+
+POST_CALL = ("budget_settle", "rate_settle", "routing_record")
+
+
+def grouped(tree: Tree, first: int, count: int, *, merge: bool = True
+            ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """The calls of ``count`` requests as a gateway under load sends them: every request's
+    calls before the model call, then their post-call calls as one settler flush (group
+    commit), where a tree with ``budget_settle_many.lua`` merges one principal's
+    settlements into one call (as ``batch/_merge.py`` does)."""
+    names = {sha: n for n, sha in tree.sha.items()}
+    before: list[tuple[object, ...]] = []
+    after: list[tuple[object, ...] | list[tuple[object, ...]]] = []
+    groups: dict[tuple[object, ...], list[tuple[object, ...]]] = {}
+    for i in range(first, first + count):
+        for call in _calls(tree, i):
+            name = names[str(call[0])]
+            if name not in POST_CALL:
+                before.append(call)
+            elif name == "budget_settle" and merge and tree.many is not None:
+                nkeys = int(call[1])  # type: ignore[call-overload]
+                keys = call[2:2 + nkeys]
+                if keys not in groups:
+                    groups[keys] = []
+                    after.append(groups[keys])  # the group, at its first call's place
+                groups[keys].append(call)
+            else:
+                after.append(call)
+    out: list[tuple[object, ...]] = []
+    for entry in after:
+        if isinstance(entry, tuple):
+            out.append(entry)
+        elif len(entry) == 1:
+            out.append(entry[0])
+        else:
+            nkeys = int(entry[0][1])  # type: ignore[call-overload]
+            args: list[object] = []
+            for call in entry:
+                args += [len(call) - 2 - nkeys, *call[2 + nkeys:]]
+            out.append((tree.many, *entry[0][1:2 + nkeys], *args))
+    return before, out
 
 
 def server_cpu_s(pid: int) -> float:
@@ -215,7 +317,7 @@ def evalsha_usec(client: valkey.Valkey) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trees", nargs="+", type=Path)
+    parser.add_argument("trees", nargs="+")
     parser.add_argument("--blocks", type=int, default=20, help="blocks per tree")
     parser.add_argument("--block", type=int, default=500, help="requests per block")
     parser.add_argument("--server", default=None)
@@ -227,13 +329,25 @@ def main() -> None:
     parser.add_argument("--principals", type=int, default=1,
                         help="spread the requests over this many keys, teams and end users "
                         "(many principals at a low rate each: small marker hashes)")
+    parser.add_argument("--group", type=int, default=1, metavar="G",
+                        help="send G requests' pre-call calls, then their post-call calls as "
+                        "one flush (group commit; merged settlements where a tree has them)")
+    parser.add_argument("--no-merge", action="store_true",
+                        help="with --group: never merge settlements")
+    parser.add_argument("--group-instructions", type=int, default=0, metavar="N",
+                        help="only count instructions per request under callgrind, N "
+                        "requests per tree in groups of --group (deterministic); TREE@nomerge")
     args = parser.parse_args()
     server_bin = args.server
     if server_bin is None:
         from triogate.redis_server import find_server_binary
         server_bin = find_server_binary()
+    if args.group_instructions:
+        group_instructions([str(t) for t in args.trees], server_bin, args.group_instructions,
+                           max(1, args.group))
+        return
     if args.per_script_instructions:
-        per_script_instructions([t.resolve() for t in args.trees], server_bin,
+        per_script_instructions([Path(t).resolve() for t in args.trees], server_bin,
                                 args.per_script_instructions)
         return
     with tempfile.TemporaryDirectory(prefix="triogate-sab-") as work:
@@ -244,7 +358,7 @@ def main() -> None:
             while not os.path.exists(sock):
                 time.sleep(0.05)
             client = valkey.Valkey(unix_socket_path=sock)
-            trees = [Tree(t.resolve(), i, client, args.principals)
+            trees = [Tree(Path(t).resolve(), i, client, args.principals)
                      for i, t in enumerate(args.trees)]
             cpu: dict[int, list[float]] = {i: [] for i in range(len(trees))}
             usec: dict[int, list[float]] = {i: [] for i in range(len(trees))}
@@ -252,7 +366,15 @@ def main() -> None:
             for block in range(args.blocks + 1):  # the first block of each tree warms up
                 for tree in trees:
                     c0, u0 = server_cpu_s(server.pid), evalsha_usec(client)
-                    for _ in range(args.block):
+                    if args.group > 1:
+                        for _ in range(0, args.block, args.group):
+                            for part in grouped(tree, n, args.group, merge=not args.no_merge):
+                                p = client.pipeline(transaction=False)
+                                for call in part:
+                                    p.evalsha(*call)
+                                p.execute()
+                            n += args.group
+                    for _ in range(args.block if args.group <= 1 else 0):
                         p = client.pipeline(transaction=False)
                         tree.request(p, n)
                         p.execute()
@@ -267,7 +389,8 @@ def main() -> None:
             server.kill()
             server.wait()
     print(f"server {server_bin}; {args.blocks} blocks of {args.block} requests per tree, "
-          f"{args.principals} principal(s) of each kind")
+          f"{args.principals} principal(s) of each kind, group commits of {args.group}"
+          + (" (no merge)" if args.no_merge else ""))
     first = None
     for tree in trees:
         c, u = statistics.median(cpu[tree.index]), statistics.median(usec[tree.index])

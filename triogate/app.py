@@ -39,6 +39,7 @@ from triogate.batch import (
     redact_url,
 )
 from triogate.cache.response import ResponseCache
+from triogate.governance import budgets
 from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
 from triogate.governance.leases import LeaseKeeper
@@ -174,6 +175,7 @@ async def open_gateway(
             backends, tracer=spans or tracer, journal=Journal(state_dir / "journal"),
             dead_letters=DeadLetterFile(state_dir / "dead-letter.jsonl"), scripts=lua_scripts(),
             on_settled=settled, clock_ms=clock_ms,
+            merges=[budgets.SETTLE_MERGE] if settings.governance.merge_settlements else [],
         )
         await nursery.start(settler.run)
         providers = await stack.enter_async_context(

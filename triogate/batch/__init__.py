@@ -37,6 +37,7 @@ from ._errors import CommandError as CommandError
 from ._handle import Handle as Handle
 from ._journal import Journal as Journal
 from ._journal import JournalEntry as JournalEntry
+from ._merge import Merge as Merge
 from ._resp import BackendStatistics as BackendStatistics
 from ._resp import RespBackend as RespBackend
 from ._resp import Subscription as Subscription
@@ -81,6 +82,7 @@ __all__ = (
     "Journal",
     "JournalEntry",
     "MemoryTracer",
+    "Merge",
     "Participant",
     "PostCallBatch",
     "PostCallWrites",

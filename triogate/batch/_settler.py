@@ -35,9 +35,9 @@ import trio
 
 from ._deadletter import DeadLetter
 from ._errors import BackendUnavailable, BatchClosed, CommandError
-from ._flush import send_round
 from ._handle import Handle
 from ._journal import JournalEntry
+from ._merge import merge_table, send_merged
 from ._replay import replay_pass
 from ._scope import make_command
 from ._tracer import AFTER, FlushRecord
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from ._deadletter import DeadLetterFile
     from ._flush import PipelineSent
     from ._journal import Journal
+    from ._merge import Merge
     from ._scripts import Script
     from ._tracer import Tracer
 
@@ -258,6 +259,9 @@ class Settler:
         on_settled: called (sync) with each batch once it is sent or journaled, e.g. to
             observe its waits in metrics.
         clock_ms: wall clock (epoch ms) for journal and dead-letter times.
+        merges: scripts whose calls with the same keys leave a flush as one merged call
+            (``_merge.py``); each owner still gets its own reply, and the journal its
+            own call.
     """
 
     def __init__(
@@ -275,7 +279,9 @@ class Settler:
         replay_max_chunks: int = 16,
         on_settled: Callable[[PostCallBatch], None] | None = None,
         clock_ms: Callable[[], int] = _wall_clock_ms,
+        merges: Iterable[Merge] = (),
     ) -> None:
+        self._merges = merge_table(merges)
         self._backends = backends
         self._dead_letters = dead_letters
         self._scripts = {s.name: s for s in scripts}
@@ -420,7 +426,11 @@ class Settler:
                 self._trace(pipeline, owners, commands)
 
         try:
-            await send_round(commands, self._backends, deliver, sent=sent)
+            alone = await send_merged(commands, self._backends, deliver,
+                                      merges=self._merges, sent=sent)
+            if alone:
+                logger.warning("%d post-call writes sent alone: their merged call failed",
+                               alone)
         finally:
             undelivered = [i for i, h in enumerate(handles) if not h._done]
             for i in undelivered:

@@ -1,0 +1,241 @@
+-- budget_settle_many.lua: settle many requests at one principal's budget (and rate windows)
+-- in one call: the work of one budget_settle.lua call per request, in order, with the
+-- shared counters read and written once (the merge contract: triogate/batch/_merge.py).
+--
+-- KEYS     those of budget_settle.lua, the same for every request (distinct keys)
+-- ARGV     for each request in order: its argument count, then budget_settle.lua's
+--          arguments (4, or 9 + #windows with rate windows; the windows' kinds the same in
+--          every request)
+-- Returns  an array: each request's budget_settle.lua reply, {applied, released, spend},
+--          as if the requests had been settled one after the other; or an error reply,
+--          having written nothing, when any request's arguments are refused.
+--
+-- Equal to the calls in sequence, because:
+-- * markers: a request is applied iff its id is neither in the markers HASH nor an earlier
+--   request of this call (HMGET, then one HSET of the new ids); the PAD and the HASH's TTL
+--   as the first new marker would have them;
+-- * rate windows: each applied request's adjustments run in order, budget_settle.lua's
+--   rules on a copy of the window's fields (below; keep the rules identical), written
+--   back once; parallel slots: one ZREM of every applied id;
+-- * holds: one HMGET; what was found is HDEL'd in one call and its sum leaves `reserved`
+--   in one HINCRBY; leases: one ZREM;
+-- * spend: one HINCRBY of the applied requests' sum; each reply's spend is the total
+--   after that request (the final value minus what later requests added); the counters'
+--   TTL is armed with the last ttl_ms a lone call would have armed (actual > 0, no hold,
+--   ttl_ms > 0); PEXPIREs of one script share its time, so the last one decides;
+-- * budget keys and window keys are distinct (checked), so the order between the windows'
+--   work and the budget's does not matter.
+-- Everything that can raise on stored data (a hold's amount) is read before the first
+-- write. Integers only for money, exact up to 2^53, as in budget_settle.lua.
+
+local LIMIT = 9007199254740992
+local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_settle.lua
+local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
+
+local function int(v, min)
+  v = v + 0
+  if v % 1 == 0 and v >= min and v < LIMIT then return v end
+  return nil
+end
+
+local n = #KEYS - 4  -- rate windows settled with the budget
+local refused = 'ERR budget_settle_many: expected per request an argument count and '
+  .. 'budget_settle.lua\'s arguments, the same window kinds in each, distinct keys'
+if n < 0 then return redis.error_reply(refused) end
+do
+  local seen = {}
+  for i = 1, #KEYS do
+    if seen[KEYS[i]] then return redis.error_reply(refused) end
+    seen[KEYS[i]] = true
+  end
+end
+
+-- Parse every request (a refusal writes nothing).
+local reqs = {}
+local ok, good = pcall(function()
+  local at, argc = 1, #ARGV
+  while at <= argc do
+    local c = int(ARGV[at], 4)
+    if not c or at + c > argc then return false end
+    -- every field in the constructor: the table is sized once (no rehash as fields come)
+    local r = {id = ARGV[at + 1], actual = int(ARGV[at + 2], 0), ttl = int(ARGV[at + 3], 0),
+      marker_ttl = int(ARGV[at + 4], 1), mode = false, bucket = false, estimate = false,
+      tokens = false, now = false, at = at, applied = false, released = 0}
+    if not (r.actual and r.ttl and r.marker_ttl) then return false end
+    if n > 0 then
+      if c ~= 9 + n then return false end
+      r.mode, r.bucket = ARGV[at + 5], int(ARGV[at + 6], 0)
+      r.estimate, r.tokens, r.now = int(ARGV[at + 7], 0), int(ARGV[at + 8], 0),
+        int(ARGV[at + 9], 0)
+      if not (r.bucket and r.estimate and r.tokens and r.now) then return false end
+      if not (r.mode == 'a' or r.mode == 'u' or r.mode == 'x') then return false end
+      for i = 1, n do
+        local k = ARGV[at + 9 + i]
+        if not (k == 'r' or k == 't' or k == 'p') then return false end
+        if #reqs > 0 and k ~= ARGV[reqs[1].at + 9 + i] then return false end
+      end
+    elseif c ~= 4 then
+      return false
+    end
+    reqs[#reqs + 1] = r
+    at = at + 1 + c
+  end
+  return #reqs > 0
+end)
+if not (ok and good) then return redis.error_reply(refused) end
+local m = #reqs
+
+-- Reads first: markers, then the holds of the requests to apply.
+local ids = {}
+for j = 1, m do ids[j] = reqs[j].id end
+local marks = redis.call('HMGET', KEYS[4], unpack(ids))
+local seen, fresh, applied = {}, {}, {}
+for j = 1, m do
+  local r = reqs[j]
+  if not marks[j] and not seen[r.id] then
+    seen[r.id] = true
+    r.applied = true
+    applied[#applied + 1] = r
+    fresh[#fresh + 1] = r.id
+  end
+end
+local amounts = {}
+if #fresh > 0 then
+  local held = redis.call('HMGET', KEYS[2], unpack(fresh))
+  for k = 1, #fresh do
+    if held[k] then amounts[k] = held[k] + 0 else amounts[k] = false end
+  end
+end
+
+if #fresh > 0 then
+  local fields = {}
+  for k = 1, #fresh do
+    fields[2 * k - 1] = fresh[k]
+    fields[2 * k] = '1'
+  end
+  redis.call('HSET', KEYS[4], unpack(fields))
+  if redis.call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
+    redis.call('PEXPIRE', KEYS[4], applied[1].marker_ttl)
+  end
+end
+
+-- The rate windows: budget_settle.lua's adjustments, per applied request in order, on a
+-- copy of each window's fields in Lua (read once, with one HMGET of what is missing),
+-- written back once at the end: a DEL if the window was deleted on the way, one HSET of
+-- what was set, one HDEL of what was removed, the PEXPIRE if a bucket was created after
+-- the last DEL. The clamps (a bucket never below 0, a window deleted when its total
+-- reaches 0) are applied request by request, exactly as the lone calls do.
+if n > 0 and #fresh > 0 then
+  local bucket, now_ms, in_window, bucket_s
+  local w  -- the window being adjusted: {key, values, deleted, dirty, expire}
+  -- A field of the window: from the copy, else (not deleted) read with the others missing.
+  local function get3(f1, f2, f3)
+    local values = w.values
+    local x1, x2, x3 = values[f1], values[f2], values[f3]
+    if not w.deleted and (x1 == nil or x2 == nil or x3 == nil) then
+      local got = redis.call('HMGET', w.key, f1, f2, f3)
+      if x1 == nil then x1 = got[1]; values[f1] = x1 end
+      if x2 == nil then x2 = got[2]; values[f2] = x2 end
+      if x3 == nil then x3 = got[3]; values[f3] = x3 end
+    end
+    return x1 or nil, x2 or nil, x3 or nil
+  end
+  local function set(f, x)
+    w.values[f] = x
+    w.dirty[f] = true
+  end
+  local function adjust(delta)
+    if delta == 0 or not in_window then return end
+    local s1, s2, s3 = get3(bucket_s, 't', 'o')
+    local low = s3 and s3 + 0
+    if low and bucket < low then return end
+    local before = s1 and s1 + 0 or 0
+    local value = before + delta
+    local total = s2 and s2 + 0
+    if value > 0 then
+      set(bucket_s, string.format('%d', value))
+      if total then set('t', string.format('%d', total + delta)) end
+      if not s1 then w.expire = true end
+    else
+      set(bucket_s, false)
+      if total and total - before <= 0 then
+        w.values, w.dirty, w.deleted, w.expire = {}, {}, true, false
+      elseif total then
+        set('t', string.format('%d', total - before))
+      end
+    end
+  end
+  local first = reqs[1].at
+  for i = 1, n do
+    local kind, key = ARGV[first + 9 + i], KEYS[4 + i]
+    if kind == 'p' then
+      redis.call('ZREM', key, unpack(fresh))
+    else
+      w = {key = key, values = {}, deleted = false, dirty = {}, expire = false}
+      for k = 1, #applied do
+        local r = applied[k]
+        bucket, now_ms = r.bucket, r.now
+        in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
+        bucket_s = string.format('%d', bucket)
+        if r.mode == 'u' then
+          if kind == 'r' then adjust(-1) else adjust(-r.estimate) end
+        elseif r.mode == 'a' and kind == 't' then
+          adjust(r.tokens - r.estimate)
+        end
+      end
+      if w.deleted then redis.call('DEL', key) end
+      local sets, dels = {}, {}
+      for f in pairs(w.dirty) do
+        local x = w.values[f]
+        if x then
+          sets[#sets + 1] = f
+          sets[#sets + 1] = x
+        else
+          dels[#dels + 1] = f
+        end
+      end
+      if #dels > 0 and not w.deleted then redis.call('HDEL', key, unpack(dels)) end
+      if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
+      if w.expire then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+    end
+  end
+end
+
+-- The budget: holds, leases, spend, each once.
+local found, released_sum, charged, ttl = {}, 0, 0, nil
+for k = 1, #applied do
+  local r, amount = applied[k], amounts[k]
+  r.released = amount or 0
+  if amount then
+    found[#found + 1] = r.id
+    released_sum = released_sum + amount
+  end
+  charged = charged + r.actual
+  if r.actual > 0 and r.ttl > 0 and not amount then ttl = r.ttl end
+end
+if #found > 0 then
+  redis.call('HDEL', KEYS[2], unpack(found))
+  redis.call('HINCRBY', KEYS[1], 'reserved', -released_sum)
+end
+if #fresh > 0 then redis.call('ZREM', KEYS[3], unpack(fresh)) end
+local spend
+if charged > 0 then
+  spend = redis.call('HINCRBY', KEYS[1], 'spend', charged)
+  if ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+else
+  local spent = redis.call('HGET', KEYS[1], 'spend')
+  spend = spent and spent + 0 or 0
+end
+
+-- Replies, last to first: a request sees the spend after itself.
+local out = {}
+for j = m, 1, -1 do
+  local r = reqs[j]
+  if r.applied then
+    out[j] = {1, r.released, spend}
+    spend = spend - r.actual
+  else
+    out[j] = {0, 0, spend}
+  end
+end
+return out
