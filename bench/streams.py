@@ -143,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             uport, auth=f"Bearer {L.UPSTREAM_KEY}", model="up-a", chunks=a.chunks, **common)))
         cfg = L.gateway_yaml(work / "state", f"http://127.0.0.1:{uport}")
         config = work / "gateway.yaml"
-        config.write_text(yaml.safe_dump(cfg))  # max_in_flight 0: no refusals here
+        # No refusals here: max_in_flight 0 (gateway_yaml), and the admission gate keeps
+        # its 64 at a time but lets a stream wait as long as the run takes (its 5 s default
+        # refused half the streams while the CPU-bound worker admitted 1,024 a second).
+        cfg["triogate"]["max_admission_wait_s"] = a.timeout_s
+        config.write_text(yaml.safe_dump(cfg))
         gateway, url = procs.start_gateway(logs, config=config, workers=1,
                                            redis_url=f"redis://127.0.0.1:{rport}",
                                            name="gateway")
