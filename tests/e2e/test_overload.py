@@ -61,6 +61,7 @@ async def test_requests_beyond_the_limit_are_refused_at_once(
     assert [r.status_code for r in held] == [200] * LIMIT
     assert [r.status_code for r in refused] == [503] * 5
     assert all(r.headers["retry-after"] == "1" for r in refused)
+    assert all(r.headers["connection"] == "close" for r in refused)  # shed, not kept alive
     assert refused[0].json()["error"]["code"] == "overloaded"
     assert refused[0].json()["error"]["type"] == "service_unavailable"
     assert refused[-1].json() == {"type": "error", "error": {

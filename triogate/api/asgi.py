@@ -158,10 +158,19 @@ class GatewayASGI:
 
 
 def _overloaded(path: str) -> Response:
+    """503 for a request beyond ``max_in_flight``, and the connection closed after it.
+
+    Closing is the load-shedding half: a client that retries at once on a kept-alive
+    connection (wrk, a retry loop) came straight back, every refused connection's task was
+    runnable on every pass of the run loop, and at 4,096 connections the worker spent its
+    CPU refusing (12,000 refusals a second, admitted requests' p99 10 s). A closed
+    connection comes back through the accept loop, a batch per pass, so admitted requests
+    keep their share (Envoy's overload manager disables keep-alive for the same reason).
+    """
     style = "anthropic" if path.endswith("/messages") else "openai"
     error = ApiError(503, "the gateway is at its limit of requests in flight; retry shortly",
                      "overloaded_error" if style == "anthropic" else "service_unavailable",
-                     code="overloaded", headers={"retry-after": "1"})
+                     code="overloaded", headers={"retry-after": "1", "connection": "close"})
     return _error_response(error, style)
 
 
