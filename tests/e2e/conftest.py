@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 
 MASTER_KEY = "sk-test-master"
 UPSTREAM_KEY = "sk-upstream-secret"
+MASTER_HEADERS = {"authorization": f"Bearer {MASTER_KEY}"}
+
+
+def short_request(api: str, content: str) -> dict[str, Any]:
+    """A five-token request body for ``/v1/chat/completions`` (``chat``) or ``/v1/messages``."""
+    model = "claude-test" if api == "messages" else "gpt-test"
+    return {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": content}]}
 
 
 def gateway_config(

@@ -5,13 +5,13 @@ nothing."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
+from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway, short_request
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,11 +20,9 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-HEADERS = {"authorization": f"Bearer {MASTER_KEY}"}
-CHAT: dict[str, Any] = {"model": "gpt-test", "max_tokens": 5,
-                        "messages": [{"role": "user", "content": "gate"}]}
-MESSAGES: dict[str, Any] = {"model": "claude-test", "max_tokens": 5,
-                            "messages": [{"role": "user", "content": "gate"}]}
+HEADERS = MASTER_HEADERS
+CHAT = short_request("chat", "gate")
+MESSAGES = short_request("messages", "gate")
 
 
 async def test_a_burst_is_admitted_at_most_max_admitting_at_a_time(

@@ -9,13 +9,13 @@ import struct
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
+from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway, short_request
 from triogate.app import LISTEN_BACKLOG, serve
 
 if TYPE_CHECKING:
@@ -24,11 +24,9 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 LIMIT = 3
-HEADERS = {"authorization": f"Bearer {MASTER_KEY}"}
-CHAT: dict[str, Any] = {"model": "gpt-test", "max_tokens": 5,
-                        "messages": [{"role": "user", "content": "hold on"}]}
-MESSAGES: dict[str, Any] = {"model": "claude-test", "max_tokens": 5,
-                            "messages": [{"role": "user", "content": "hold on"}]}
+HEADERS = MASTER_HEADERS
+CHAT = short_request("chat", "hold on")
+MESSAGES = short_request("messages", "hold on")
 
 
 async def test_requests_beyond_the_limit_are_refused_at_once(
