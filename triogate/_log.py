@@ -59,7 +59,7 @@ def remember_request_ids() -> None:
 
 
 def configure_logging(level: str = "info") -> None:
-    """Send every ``triogate`` and ``hypercorn`` log line to stderr as JSON."""
+    """Send every log line (``triogate``, the HTTP server, libraries) to stderr as JSON."""
     remember_request_ids()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())

@@ -205,7 +205,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                 event = opened.first
                 while event is not None:
                     # Events the upstream's last read brought together leave in one write
-                    # (hypercorn's send path costs more than the event's own work).
+                    # (a write costs more than the event's own work).
                     burst: list[bytes] = []
                     while event is not None:
                         events.append(event)

@@ -1,4 +1,4 @@
-"""The raw ASGI request and response objects (no framework: hypercorn's ceiling is low).
+"""The raw ASGI request and response objects (no framework: its cost per request is not free).
 
 A :class:`Request` reads its body with a size limit; a :class:`Response` sends a whole
 body; a :class:`StreamResponse` sends chunks from an async iterator while a watcher
@@ -172,10 +172,9 @@ class StreamResponse(Response):
             await self.produce(write)
             if not started:
                 await write(b"")
-            # Stop watching BEFORE the last send: ending the response makes hypercorn
-            # recycle the connection and post http.disconnect to the watcher; a cancel
-            # landing inside that bookkeeping would leave the keep-alive connection
-            # without its idle timer (shutdown would then wait the whole grace period).
+            # Stop watching BEFORE the last send: ending the response lets the server
+            # recycle the connection and answer the watcher's receive() with
+            # http.disconnect; the watcher must not outlive the response it watched.
             nursery.cancel_scope.cancel()
         if not self.disconnected:
             await send({"type": "http.response.body", "body": b"", "more_body": False})

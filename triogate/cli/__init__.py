@@ -2,7 +2,7 @@
 
 Building the parser imports argparse, httpx (the admin commands' client) and small leaf
 modules only; a command's module is imported when that command runs. So ``triogate keys
-list`` never pays for hypercorn, SQLAlchemy or the gateway (``tests/unit/test_cli.py``
+list`` never pays for the HTTP server, SQLAlchemy or the gateway (``tests/unit/test_cli.py``
 checks it in a subprocess).
 
 Errors the operator can fix (a bad config, an unreachable database, a port in use) end as
