@@ -60,8 +60,6 @@ class Tree:
         self.merged = (path / "triogate" / "governance" / "settle.py").exists()
         #: w6-redis: a principal's rate windows admitted by its budget_reserve call
         self.merged_admit = (path / "triogate" / "governance" / "admit.py").exists()
-        #: w6-redis: budget_settle is given the amount held (no HGET of the hold)
-        self.held_arg = "held_nanousd" in (lua / "budget_settle.lua").read_text()
         #: w5-agg: one principal's settlements of a settler flush in one call
         many = lua / "budget_settle_many.lua"
         self.many = client.script_load(many.read_text()) if many.exists() else None
@@ -98,8 +96,6 @@ class Tree:
                 # the principal's windows ride with its budget settlement (governance/settle.py)
                 keys += [f"{t}:rl:rpm", f"{t}:rl:tpm"][: len(wins)]
                 args += ["a", bucket, 222, 200, now, *[w[0] for w in wins]]
-            if self.held_arg:
-                args.append(39_000)  # what budget_reserve held
             p.evalsha(sha["budget_settle"], len(keys), *keys, *args)
         for t, (_, wins, _) in zip(tags, PRINCIPALS, strict=True):
             if self.skips_plain_settle and all(w[0] == "r" for w in wins):

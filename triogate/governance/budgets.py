@@ -428,8 +428,6 @@ def settle(
             keys += plan.window_keys
             args += (*plan.args(), *plan.codes)
             replay_window_ms = min(replay_window_ms, plan.marker_ttl_ms)
-        # What the request held (its estimate): the script releases it without reading it.
-        args += (hold.amount_nanousd,)
         handles.append(
             post.call(
                 SETTLE,

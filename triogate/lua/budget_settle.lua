@@ -16,10 +16,6 @@
 -- With rate windows (KEYS[5..]), the arguments of rate_settle.lua follow (see its header):
 -- ARGV[5]  mode 'a' | 'u' | 'x';  ARGV[6] bucket;  ARGV[7] estimate_tokens;
 -- ARGV[8]  actual_tokens;  ARGV[9] now_ms;  ARGV[9+i] kind of window i ('r', 't' or 'p')
--- ARGV[last] optional, after all of the above: held_nanousd, the amount the request
---          reserved (what budget_reserve.lua held: the caller's estimate). Given, the hold is
---          released by the lease's ZREM (1: the hold exists, and with it this amount), with
---          no HGET of the hold: one redis.call less.
 -- Returns  {applied (1, or 0 for a replay), released_nanousd, spend_nanousd}
 --
 -- Why both in one script: a request settles a principal's budget and its rate windows
@@ -54,36 +50,31 @@ local function int(i, min)
 end
 
 local n = #KEYS - 4  -- rate windows settled with the budget
-local rated = n > 0 or #ARGV > 5
--- The held amount, when given, is the last argument (see the header).
-local held_at = false
-if (rated and #ARGV == 10 + n) or (not rated and #ARGV == 5) then held_at = #ARGV end
-local ok, actual, ttl_ms, marker_ttl_ms, held, bucket, estimate_tokens, actual_tokens, now_ms =
+local rated = n > 0 or #ARGV > 4
+local ok, actual, ttl_ms, marker_ttl_ms, bucket, estimate_tokens, actual_tokens, now_ms =
   pcall(function()
-    local h = held_at and int(held_at, 0)
     if rated then
-      return int(2, 0), int(3, 0), int(4, 1), h, int(6, 0), int(7, 0), int(8, 0), int(9, 0)
+      return int(2, 0), int(3, 0), int(4, 1), int(6, 0), int(7, 0), int(8, 0), int(9, 0)
     end
-    return int(2, 0), int(3, 0), int(4, 1), h
+    return int(2, 0), int(3, 0), int(4, 1)
   end)
 local mode = ARGV[5]
 local ok_args = ok and actual and ttl_ms and marker_ttl_ms and n >= 0
-  and (held or not held_at)
 if rated then
   ok_args = ok_args and bucket and estimate_tokens and actual_tokens and now_ms and n > 0
-    and (#ARGV == 9 + n or held_at) and (mode == 'a' or mode == 'u' or mode == 'x')
+    and #ARGV == 9 + n and (mode == 'a' or mode == 'u' or mode == 'x')
   for i = 1, n do
     local k = ARGV[9 + i]
     if not (k == 'r' or k == 't' or k == 'p') then ok_args = false end
   end
 else
-  ok_args = ok_args and (#ARGV == 4 or held_at)
+  ok_args = ok_args and #ARGV == 4
 end
 if not ok_args then
   return redis.error_reply('ERR budget_settle: expected 4 arguments: request_id, '
     .. 'actual_nanousd, ttl_ms, marker_ttl_ms (> 0), integers >= 0 but request_id; with '
     .. 'rate window keys, then mode (a|u|x), bucket, estimate_tokens, actual_tokens, now_ms '
-    .. 'and a kind (r|t|p) per window; then optionally held_nanousd (integer >= 0)')
+    .. 'and a kind (r|t|p) per window')
 end
 local request_id = ARGV[1]
 
@@ -145,25 +136,13 @@ if rated then
 end
 
 local released = 0
-local amount  -- whether a hold existed
-if held then
-  -- The holds HASH and the leases ZSET hold the same request ids (budget_reserve.lua): the
-  -- lease removed says the hold of `held` exists.
-  amount = redis.call('ZREM', KEYS[3], request_id) == 1
-  if amount then
-    released = held
-    redis.call('HDEL', KEYS[2], request_id)
-    redis.call('HINCRBY', KEYS[1], 'reserved', string.format('%d', -released))
-  end
-else
-  amount = redis.call('HGET', KEYS[2], request_id)
-  if amount then
-    released = amount + 0
-    redis.call('HDEL', KEYS[2], request_id)
-    redis.call('HINCRBY', KEYS[1], 'reserved', -released)
-  end
-  redis.call('ZREM', KEYS[3], request_id)
+local amount = redis.call('HGET', KEYS[2], request_id)
+if amount then
+  released = amount + 0
+  redis.call('HDEL', KEYS[2], request_id)
+  redis.call('HINCRBY', KEYS[1], 'reserved', -released)
 end
+redis.call('ZREM', KEYS[3], request_id)
 
 local spend
 if actual > 0 then

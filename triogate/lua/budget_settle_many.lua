@@ -5,7 +5,7 @@
 -- KEYS     those of budget_settle.lua, the same for every request (distinct keys)
 -- ARGV     for each request in order: its argument count, then budget_settle.lua's
 --          arguments (4, or 9 + #windows with rate windows; the windows' kinds the same in
---          every request; plus, optionally, the held amount last)
+--          every request)
 -- Returns  an array: each request's budget_settle.lua reply, {applied, released, spend},
 --          as if the requests had been settled one after the other; or an error reply,
 --          having written nothing, when any request's arguments are refused.
@@ -62,16 +62,8 @@ local ok, good = pcall(function()
       marker_ttl = int(ARGV[at + 4], 1), mode = false, bucket = false, estimate = false,
       tokens = false, now = false, at = at, applied = false, released = 0}
     if not (r.actual and r.ttl and r.marker_ttl) then return false end
-    -- budget_settle.lua's optional last argument (the held amount): checked, not used
-    -- (the holds' HMGET below reads every applied request's hold in one call)
-    local plain = 4
-    if n > 0 then plain = 9 + n end
-    if c == plain + 1 then
-      if not int(ARGV[at + c], 0) then return false end
-    elseif c ~= plain then
-      return false
-    end
     if n > 0 then
+      if c ~= 9 + n then return false end
       r.mode, r.bucket = ARGV[at + 5], int(ARGV[at + 6], 0)
       r.estimate, r.tokens, r.now = int(ARGV[at + 7], 0), int(ARGV[at + 8], 0),
         int(ARGV[at + 9], 0)
@@ -82,6 +74,8 @@ local ok, good = pcall(function()
         if not (k == 'r' or k == 't' or k == 'p') then return false end
         if #reqs > 0 and k ~= ARGV[reqs[1].at + 9 + i] then return false end
       end
+    elseif c ~= 4 then
+      return false
     end
     reqs[#reqs + 1] = r
     at = at + 1 + c

@@ -302,8 +302,7 @@ async def test_replay_after_the_reservation_expired_charges_once(redis: RespBack
 
 @pytest.mark.parametrize(
     "args",
-    [["r1", -5, 0, 1000], ["r1", "x", 0, 1000], ["r1", 5, 0, 0], ["r1", 5, 0],
-     ["r1", 5, 0, 1000, -1], ["r1", 5, 0, 1000, "x"], ["r1", 5, 0, 1000, 1, 2]],
+    [["r1", -5, 0, 1000], ["r1", "x", 0, 1000], ["r1", 5, 0, 0], ["r1", 5, 0]],
 )
 async def test_budget_settle_refuses_bad_arguments(redis: RespBackend, args: list[object]) -> None:
     with trio.fail_after(5):
@@ -361,9 +360,6 @@ W_T = "tg:{key:k1}:rl:tpm"
         ["r1", 5, 0, 1000, "a", -1, 10, 5, 1000, "r", "t"],  # negative bucket
         ["r1", 5, 0, 1000, "a", 1, "x", 5, 1000, "r", "t"],  # not a number
         ["r1", 5, 0, 1000],  # windows without their arguments
-        ["r1", 5, 0, 1000, 7],  # ... with the amount held
-        ["r1", 5, 0, 1000, "a", 1, 10, 5, 1000, "r", "t", -1],  # a negative amount held
-        ["r1", 5, 0, 1000, "a", 1, 10, 5, 1000, "r", "t", 1, 2],  # too many arguments
     ],
 )
 async def test_budget_settle_with_windows_refuses_bad_arguments(

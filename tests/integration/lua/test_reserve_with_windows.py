@@ -89,10 +89,9 @@ def test_one_call_is_the_two_scripts(
     """Two copies of one principal (tags A and B): A admits with budget_reserve.lua and
     rate_admit.lua as two calls, B with one budget_reserve.lua carrying its windows; both
     settle the same way (as the gateway does: the windows only where they counted the
-    request), except that B's settlements give the amount held (budget_settle.lua's
-    optional last argument) where A's read it. Same replies (B's is A's two, one after
-    the other), the models' replies (until a retry, which the models do not know), and
-    the same state in every key after every step (TTLs included)."""
+    request). Same replies (B's is A's two, one after the other), the models' replies
+    (until a retry, which the models do not know), and the same state in every
+    key after every step (TTLs included)."""
     kinds = [k for k, _ in windows]
     flat: list[object] = []
     for kind, limit in windows:
@@ -145,7 +144,7 @@ def test_one_call_is_the_two_scripts(
                     # The models know neither a second count nor a retry after settlement.
                     modelled = False
                 elif op[0] == "settle" and admitted:
-                    rid, budget_args, rate_args, bucket, counted = admitted[
+                    rid, _, rate_args, bucket, counted = admitted[
                         int(op[1]) % len(admitted)]  # type: ignore[call-overload]
                     estimate = rate_args[2]
                     mode, tokens, cost = op[2], op[3], op[4]
@@ -155,8 +154,6 @@ def test_one_call_is_the_two_scripts(
                         args: list[object] = [rid, cost, ttl, 600_000]
                         if counted:
                             args += [mode, bucket, estimate, tokens, now, *kinds]
-                        if tag == "B":  # the amount held given: released without an HGET
-                            args.append(budget_args[2])
                         replies.append(await run(redis, SETTLE, keys if counted else
                                                  [*budget, keys[3]], args))
                     assert replies[0] == replies[1], op
