@@ -205,6 +205,9 @@ def per_script_instructions(paths: list[Path], server_bin: str, requests: int,
                             calls_made += len(part)
                 server.terminate()  # SIGTERM: the server exits, callgrind writes its counts
                 server.wait(300)
+                if os.environ.get("CG_KEEP"):  # a folder to keep the counts in (annotate)
+                    subprocess.run(["cp", *map(str, Path(work).glob(f"{target}.cg*")),
+                                    os.environ["CG_KEEP"]], check=False)
                 ir = sum(int(line.split()[1]) for name in Path(work).glob(f"{target}.cg*")
                          for line in Path(name).read_text(errors="replace").splitlines()
                          if line.startswith(("summary:", "totals:")))
