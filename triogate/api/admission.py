@@ -23,8 +23,8 @@ from triogate.api.errors import ApiError
 from triogate.api.records import Admission
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
-from triogate.governance import leases
-from triogate.governance.admit import admit as admit_governance
+from triogate.governance import admit as admit_governance
+from triogate.governance import budgets, leases, rate_limits
 from triogate.governance.decisions import Allowed, Decision, Rejected, first_rejected
 from triogate.governance.facts import RequestFacts
 from triogate.routing.router import RoutingFacts
@@ -140,11 +140,12 @@ async def admit(services: Services, call: Call) -> Admission:
         now_ms=now_ms,
     )
     # The request's own task is the scope's host: it declares the routing read, resolves
-    # the identity (in memory: no wait), declares the cache GET, and reserves the budgets
-    # and admits the rate windows in its own task: no participant needs a task. The
-    # governance wait is the round's: by then everything else of the round is declared.
+    # the identity (in memory: no wait), declares the cache GET and reserves the budgets
+    # in its own task, so that only the rate limits need a task. The budgets' wait is the
+    # round's: by then everything else of the round is declared (or its task started).
     route: Participant[RoutingState] | None = None
-    governance_p: Participant[tuple[BudgetOutcome, RateOutcome]] | None = None
+    budget_p: Participant[BudgetOutcome] | None = None
+    rates_p: Participant[RateOutcome] | None = None
     cached: Participant[tuple[str, CachedResponse | None] | None] | None = None
     async with open_batch_scope(
         services.backends, tracer=services.flush_tracer, trace_id=call.trace_id,
@@ -172,10 +173,18 @@ async def admit(services: Services, call: Call) -> Admission:
             except Exception as exc:  # raised below, as the participant's was
                 declared_cache = exc
         if governed is not None:
-            # Budgets and rate limits: one participant, one script per principal.
-            governance_p = await scope.run_inline(
-                admit_governance, scope.batch, governed, request, services.checks,
-                services.local, name="governance")
+            # One script per principal for its budget and rate windows (governance/admit.py),
+            # declared here; the two checks read their parts as two participants, so that
+            # one failing leaves the other's outcome for _undo.
+            try:
+                declared: admit_governance.Declared | Exception = admit_governance.declare(
+                    scope.batch, governed, request, services.checks)
+            except Exception as exc:  # raised below, by both participants
+                declared = exc
+            rates_p = scope.start_participant(
+                _finish_rates, services, declared, request, name="rate_limits")
+            budget_p = await scope.run_inline(
+                _finish_budgets, services, declared, request, name="budgets")
         route = await scope.run_inline(_finish_route, services, pending_route, name="routing")
         if use_cache:
             cached = await scope.run_inline(_finish_cache, services, declared_cache,
@@ -186,20 +195,21 @@ async def admit(services: Services, call: Call) -> Admission:
         identity_or_rejection = who.result()
     except StoreError as exc:
         logger.error("identity lookup failed: %s", exc)
-        await _undo(services, call, facts, request, now_ms, route, None, cached)
+        await _undo(services, call, facts, request, now_ms, route, None, None, cached)
         raise ApiError(503, "the key store is unavailable; try again shortly",
                        "service_unavailable") from None
     except Exception:
-        await _undo(services, call, facts, request, now_ms, route, None, cached)
+        await _undo(services, call, facts, request, now_ms, route, None, None, cached)
         raise
     identity = None if isinstance(identity_or_rejection, Rejected) else identity_or_rejection
     try:
         state = route.result()
         lookup = cached.result() if cached is not None else None
-        budget, rates = governance_p.result() if governance_p is not None else (None, None)
+        budget = budget_p.result() if budget_p is not None else None
+        rates = rates_p.result() if rates_p is not None else None
     except Exception:
         # One participant failed unexpectedly (a bug): the others may hold reservations.
-        await _undo(services, call, facts, request, now_ms, route, governance_p, cached,
+        await _undo(services, call, facts, request, now_ms, route, budget_p, rates_p, cached,
                     identity=identity)
         raise
     decisions: list[Decision | None] = [
@@ -239,6 +249,24 @@ def _done(participant: Participant[T]) -> T | None:
         return None
 
 
+async def _finish_budgets(services: Services, declared: admit_governance.Declared | Exception,
+                          request: RequestFacts) -> BudgetOutcome:
+    if isinstance(declared, Exception):
+        await trio.lowlevel.checkpoint()
+        raise declared
+    return await budgets.conclude(declared.budget_calls, request, services.checks,
+                                  services.local)
+
+
+async def _finish_rates(services: Services, declared: admit_governance.Declared | Exception,
+                        request: RequestFacts) -> RateOutcome:
+    if isinstance(declared, Exception):
+        await trio.lowlevel.checkpoint()
+        raise declared
+    return await rate_limits.conclude(declared.rate_calls, request, services.checks,
+                                      services.local)
+
+
 async def _finish_route(services: Services, pending: PendingRead | Exception
                         ) -> RoutingState:
     if isinstance(pending, Exception):
@@ -250,17 +278,17 @@ async def _finish_route(services: Services, pending: PendingRead | Exception
 async def _undo(
     services: Services, call: Call, facts: RoutingFacts, request: RequestFacts, now_ms: int,
     route: Participant[RoutingState],
-    governance: Participant[tuple[BudgetOutcome, RateOutcome]] | None,
+    budget: Participant[BudgetOutcome] | None,
+    rates: Participant[RateOutcome] | None,
     cached: Participant[tuple[str, CachedResponse | None] | None] | None,
     *, identity: Identity | None = None,
 ) -> None:
     """Admission failed part-way: settle, as a rejection, what the others reserved."""
-    budget, rates = (_done(governance) if governance is not None else None) or (None, None)
     admission = Admission(
         identity=identity, rejection=None, routing=_done(route), facts=facts,
         request=request, now_ms=now_ms,
-        budgets=budget,
-        rates=rates,
+        budgets=_done(budget) if budget is not None else None,
+        rates=_done(rates) if rates is not None else None,
         cache_namespace=((_done(cached) if cached is not None else None) or (None, None))[0],
     )
     with trio.CancelScope(shield=True):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Generator
 
     from triogate.batch import Batch, Handle
-    from triogate.governance.facts import CheckSettings, RequestFacts
+    from triogate.governance.facts import CheckSettings, RequestFacts, Window
     from triogate.governance.local import LocalGovernance
     from triogate.governance.principals import Identity, Principal
 
@@ -62,18 +62,23 @@ class Part:
         return part
 
 
-async def admit(
-    batch: Batch,
-    identity: Identity,
-    request: RequestFacts,
-    settings: CheckSettings,
-    local: LocalGovernance,
-) -> tuple[budgets.BudgetOutcome, rate_limits.RateOutcome]:
-    """Check and reserve the budgets and check and count the rate windows of ``identity``:
-    ``budgets.reserve`` and ``rate_limits.admit`` in one participant, one script per
-    principal. Declares every call before awaiting any (one wait, shared with the round).
-    Always a checkpoint.
-    """
+@final
+@attrs.frozen
+class Declared:
+    """A request's governance calls, declared (:func:`declare`), to be concluded by
+    ``budgets.conclude`` and ``rate_limits.conclude``."""
+
+    budget_calls: list[tuple[Principal, int, int | None, Awaitable[object]]]
+    rate_calls: list[tuple[Principal, tuple[Window, ...], Awaitable[object]]]
+
+
+def declare(
+    batch: Batch, identity: Identity, request: RequestFacts, settings: CheckSettings
+) -> Declared:
+    """Declare the budgets' and the rate limits' calls of ``identity`` (sync): one
+    ``budget_reserve.lua`` carrying the principal's windows where it has both, the lone
+    script otherwise. Conclude them in one participant (:func:`admit`) or two (the
+    gateway's admission, so that one failing leaves the other's outcome to undo)."""
     rate_plans = rate_limits.plans_for(identity, request)
     windows = {(p.kind, p.id): ws for p, ws in rate_plans}
     budget_calls: list[tuple[Principal, int, int | None, Awaitable[object]]] = []
@@ -87,11 +92,27 @@ async def admit(
             budget_calls.append((p, period, end_ms, Part(handle, rates=False)))
         else:
             budget_calls.append((p, period, end_ms, handle))
-    rate_calls = [
+    rate_calls: list[tuple[Principal, tuple[Window, ...], Awaitable[object]]] = [
         (p, ws, rate_replies.get((p.kind, p.id))
          or rate_limits.declare_admit(batch, ws, request, settings))
         for p, ws in rate_plans
     ]
-    budget = await budgets.conclude(budget_calls, request, settings, local)
-    rates = await rate_limits.conclude(rate_calls, request, settings, local)
+    return Declared(budget_calls=budget_calls, rate_calls=rate_calls)
+
+
+async def admit(
+    batch: Batch,
+    identity: Identity,
+    request: RequestFacts,
+    settings: CheckSettings,
+    local: LocalGovernance,
+) -> tuple[budgets.BudgetOutcome, rate_limits.RateOutcome]:
+    """Check and reserve the budgets and check and count the rate windows of ``identity``:
+    ``budgets.reserve`` and ``rate_limits.admit`` in one participant, one script per
+    principal. Declares every call before awaiting any (one wait, shared with the round).
+    Always a checkpoint.
+    """
+    declared = declare(batch, identity, request, settings)
+    budget = await budgets.conclude(declared.budget_calls, request, settings, local)
+    rates = await rate_limits.conclude(declared.rate_calls, request, settings, local)
     return budget, rates
