@@ -3,11 +3,14 @@
 Before the model call, :func:`reserve` declares one ``budget_reserve.lua`` call per
 principal that has a budget (key, team, user, end user, tags), all in the same round,
 and awaits them together: one wait. Each call checks and reserves atomically in the
-principal's own hash tag. After the call (or a rejection, failure, cancellation or cache
-hit), :func:`settle` declares one ``budget_settle.lua`` per principal on the request's
-post-call batch: it releases the reservation and charges the actual cost, idempotently
-by request id, and settles the principal's rate windows too when given their plan
-(``governance.settle.settle``: one script per principal).
+principal's own hash tag. The gateway declares through ``governance.admit``, where the
+call of a principal that also has rate windows admits them too (one script per
+principal); :func:`conclude` reads the budget's part either way. After the call (or a
+rejection, failure, cancellation or cache hit), :func:`settle` declares one
+``budget_settle.lua`` per principal on the request's post-call batch: it releases the
+reservation and charges the actual cost, idempotently by request id, and settles the
+principal's rate windows too when given their plan (``governance.settle.settle``: one
+script per principal).
 
 The admission rule, per principal and budget period (integers, nano-USD)::
 

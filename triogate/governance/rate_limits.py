@@ -5,7 +5,9 @@ that has limits (key, team, user, end user, tags), all in the same round, and aw
 them together: one wait. Each call checks all of that principal's windows (its RPM, TPM
 and parallel-request limits, plus a key's per-model RPM/TPM for the request's model
 group) and counts the request only if all pass, atomically, in the principal's hash
-tag. A principal that rejects writes nothing.
+tag. A principal that rejects writes nothing. Through ``governance.admit`` (the
+gateway's path), a principal with a budget has its windows admitted by its
+``budget_reserve.lua`` call instead (the same code); :func:`conclude` reads either reply.
 
 Windows slide over 60 s in 1 s buckets (see the header of ``rate_admit.lua`` for why).
 TPM is reserved on the request's estimate and settled on the actual usage afterwards.
