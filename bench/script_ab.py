@@ -5,15 +5,15 @@ the host's two cores with it and with other work: its figures move by ±20 % bet
 This bench takes the gateway out: it loads every tree's scripts into one private server
 and replays the script sequence of a governed request (``script_instructions.request``:
 routing_state, rate_admit x3, budget_reserve x3, budget_settle x3, rate_settle, routing
-_record; a key and a team with budgets and RPM/TPM, an end user with a budget and RPM),
+_record at base; a key and a team with budgets and RPM/TPM, an end user with a budget and RPM),
 each tree under its own principals' hash tags (``--principals``: how many of each kind
 the requests are spread over), in blocks of ``--block`` requests sent as
 one pipeline per request, the trees alternating block by block. The server's own CPU
 (utime + stime from /proc) and INFO commandstats are read around every block; the
 figures are the median over blocks of µs per request. Where a tree's Python side sends
 fewer scripts (w5-redis: no rate_settle where an admitted request changes nothing, and a
-principal's rate windows settled by its budget_settle), the sequence follows the tree
-(detected from its source).
+principal's rate windows settled by its budget_settle; w6-redis: its windows admitted by
+its budget_reserve), the sequence follows the tree (detected from its source).
 
     python bench/script_ab.py /tmp/base-redis /work/wt/redis --blocks 20 --block 500
     python bench/script_ab.py A B --server /usr/bin/redis-server
@@ -58,6 +58,8 @@ class Tree:
         rate_limits = (path / "triogate" / "governance" / "rate_limits.py").read_text()
         self.skips_plain_settle = "Nothing to change at this principal" in rate_limits
         self.merged = (path / "triogate" / "governance" / "settle.py").exists()
+        #: w6-redis: a principal's rate windows admitted by its budget_reserve call
+        self.merged_admit = (path / "triogate" / "governance" / "admit.py").exists()
         #: w5-agg: one principal's settlements of a settler flush in one call
         many = lua / "budget_settle_many.lua"
         self.many = client.script_load(many.read_text()) if many.exists() else None
@@ -72,13 +74,20 @@ class Tree:
         who = f"x{self.index}-{i % self.principals}"
         tags = [f"tg:{{{kind}:{who}}}" for kind, _, _ in PRINCIPALS]
         for t, (_, wins, _) in zip(tags, PRINCIPALS, strict=True):
+            if self.merged_admit:
+                continue
             keys = [f"{t}:rl:rpm", f"{t}:rl:tpm"][: len(wins)]
             p.evalsha(sha["rate_admit"], len(keys), *keys, now, rid, 222, 600_000,
                       *[v for w in wins for v in w])
-        for t, (_, _, ttl) in zip(tags, PRINCIPALS, strict=True):
+        for t, (_, wins, ttl) in zip(tags, PRINCIPALS, strict=True):
             b = f"{t}:bud:7"
-            p.evalsha(sha["budget_reserve"], 3, b, f"{b}:res", f"{b}:exp", now, rid, 39_000,
-                      10**15, 600_000, ttl)
+            keys = [b, f"{b}:res", f"{b}:exp"]
+            args = [now, rid, 39_000, 10**15, 600_000, ttl]
+            if self.merged_admit:
+                # the principal's windows admitted with its budget (governance/admit.py)
+                keys += [f"{t}:rl:rpm", f"{t}:rl:tpm"][: len(wins)]
+                args += [222, *[v for w in wins for v in w]]
+            p.evalsha(sha["budget_reserve"], len(keys), *keys, *args)
         for t, (_, wins, ttl) in zip(tags, PRINCIPALS, strict=True):
             b = f"{t}:bud:7"
             keys = [b, f"{b}:res", f"{b}:exp", f"{t}:bud:done:{minute}"]
@@ -116,15 +125,12 @@ def per_script(client: valkey.Valkey, trees: list[Tree], requests: int) -> None:
     """µs per call of each script (commandstats around every call, one call at a time: the
     caches are colder than in a pipeline, so read the figures side by side only)."""
     for tree in trees:
-        names = {sha: name for name, sha in tree.sha.items()}
         usec: dict[str, list[int]] = {}
         for i in range(requests + 200):
             recorder = _Recorder()
             tree.request(recorder, 10**9 + i)  # type: ignore[arg-type]
             for call in recorder.calls:
-                name = names[str(call[0])]
-                if name == "budget_settle" and int(call[1]) > 4:  # type: ignore[call-overload]
-                    name = "budget_settle+windows"
+                name = _name(tree, call)
                 before = evalsha_usec(client)
                 client.evalsha(*call)  # type: ignore[arg-type]
                 if i >= 200:
@@ -139,6 +145,8 @@ def _name(tree: Tree, call: tuple[object, ...]) -> str:
     name = {sha: n for n, sha in tree.sha.items()}[str(call[0])]
     if name == "budget_settle" and int(call[1]) > 4:  # type: ignore[call-overload]
         return "budget_settle+windows"
+    if name == "budget_reserve" and int(call[1]) > 3:  # type: ignore[call-overload]
+        return "budget_reserve+windows"
     return name
 
 
@@ -197,6 +205,9 @@ def per_script_instructions(paths: list[Path], server_bin: str, requests: int,
                             calls_made += len(part)
                 server.terminate()  # SIGTERM: the server exits, callgrind writes its counts
                 server.wait(300)
+                if os.environ.get("CG_KEEP"):  # a folder to keep the counts in (annotate)
+                    subprocess.run(["cp", *map(str, Path(work).glob(f"{target}.cg*")),
+                                    os.environ["CG_KEEP"]], check=False)
                 ir = sum(int(line.split()[1]) for name in Path(work).glob(f"{target}.cg*")
                          for line in Path(name).read_text(errors="replace").splitlines()
                          if line.startswith(("summary:", "totals:")))

@@ -67,9 +67,10 @@ async def test_identity_in_memory_waits_once_before_and_once_after(
     assert (summary.waits_before, summary.waits_after) == (1, 1)
     (before,) = [r for r in summary.records if r.phase == "before"]
     owners = sorted(before.owners)
-    # One script per principal: budgets for key, team and end user; limits for key,
-    # team and end user; one routing read; nothing for auth.
-    assert owners == sorted(["budgets"] * 3 + ["rate_limits"] * 3 + ["routing"])
+    # One script per principal: key, team and end user each have a budget and rate
+    # limits, checked by one budget_reserve.lua call (governance/admit.py); one routing
+    # read; nothing for auth.
+    assert owners == sorted(["budgets"] * 3 + ["routing"])
     (after,) = [r for r in summary.records if r.phase == "after"]
     # After: one script per principal. The key's and the team's rate windows ride with
     # their budget settlement (governance/settle.py); the end user's RPM window has nothing
@@ -128,4 +129,35 @@ async def test_every_litellm_route_with_a_governed_key_waits_once_before_and_aft
     summary = await traced_waits(gateway, response)
     assert (summary.waits_before, summary.waits_after) == (1, 1)
     (before,) = [r for r in summary.records if r.phase == "before"]
-    assert sorted(before.owners) == sorted(["budgets"] * 3 + ["rate_limits"] * 3 + ["routing"])
+    assert sorted(before.owners) == sorted(["budgets"] * 3 + ["routing"])
+
+
+async def test_a_failing_check_leaves_no_reservation_of_the_other(
+    governed: tuple[Gateway, str], redis: RespBackend, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Budgets and rate limits share one script per principal but stay two participants:
+    when the rate limits' part fails unexpectedly (a bug), the budgets' reservations made
+    by the same calls are undone, as when they were two scripts."""
+    gateway, key = governed
+    await traced(gateway, key)  # warms the identity
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        await trio.lowlevel.checkpoint()
+        raise RuntimeError("a bug in the rate limits")
+
+    monkeypatch.setattr("triogate.governance.rate_limits.conclude", broken)
+    body = {"model": "gpt-test", "user": "customer-1",
+            "messages": [{"role": "user", "content": "fail in admission"}]}
+    async with httpx.AsyncClient(timeout=20) as http:
+        response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key}"})
+    assert response.status_code == 500
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    (names,) = await redis.execute([("KEYS", "tg:*:bud:*")])  # type: ignore[list-item]
+    assert isinstance(names, list)
+    counters = [n.decode() for n in names
+                if not n.decode().endswith((":res", ":exp")) and ":done:" not in n.decode()]
+    assert len(counters) == 3  # key, team, end user
+    replies = await redis.execute([("HGET", c, "reserved") for c in counters])
+    assert [int(r) for r in replies] == [0, 0, 0]  # type: ignore[call-overload]

@@ -79,4 +79,5 @@ async def test_the_master_key_with_an_end_user_waits_once_before_and_once_after(
         summaries.append(gateway.services.tracer.summary(raw.headers["x-triogate-trace-id"]))
     assert summaries[1].waits_before == 1 and summaries[1].waits_after == 1
     (before,) = [r for r in summaries[1].records if r.phase == "before"]
-    assert sorted(before.owners) == ["budgets", "rate_limits", "routing"]
+    # The end user's budget and RPM: one script (governance/admit.py).
+    assert sorted(before.owners) == ["budgets", "routing"]

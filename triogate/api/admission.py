@@ -23,6 +23,7 @@ from triogate.api.errors import ApiError
 from triogate.api.records import Admission
 from triogate.batch import open_batch_scope
 from triogate.errors import StoreError
+from triogate.governance import admit as admit_governance
 from triogate.governance import budgets, leases, rate_limits
 from triogate.governance.decisions import Allowed, Decision, Rejected, first_rejected
 from triogate.governance.facts import RequestFacts
@@ -172,12 +173,18 @@ async def admit(services: Services, call: Call) -> Admission:
             except Exception as exc:  # raised below, as the participant's was
                 declared_cache = exc
         if governed is not None:
+            # One script per principal for its budget and rate windows (governance/admit.py),
+            # declared here; the two checks read their parts as two participants, so that
+            # one failing leaves the other's outcome for _undo.
+            try:
+                declared: admit_governance.Declared | Exception = admit_governance.declare(
+                    scope.batch, governed, request, services.checks)
+            except Exception as exc:  # raised below, by both participants
+                declared = exc
             rates_p = scope.start_participant(
-                rate_limits.admit, scope.batch, governed, request, services.checks,
-                services.local, name="rate_limits")
+                _finish_rates, services, declared, request, name="rate_limits")
             budget_p = await scope.run_inline(
-                budgets.reserve, scope.batch, governed, request, services.checks,
-                services.local, name="budgets")
+                _finish_budgets, services, declared, request, name="budgets")
         route = await scope.run_inline(_finish_route, services, pending_route, name="routing")
         if use_cache:
             cached = await scope.run_inline(_finish_cache, services, declared_cache,
@@ -240,6 +247,24 @@ def _done(participant: Participant[T]) -> T | None:
         return participant.result()
     except Exception:
         return None
+
+
+async def _finish_budgets(services: Services, declared: admit_governance.Declared | Exception,
+                          request: RequestFacts) -> BudgetOutcome:
+    if isinstance(declared, Exception):
+        await trio.lowlevel.checkpoint()
+        raise declared
+    return await budgets.conclude(declared.budget_calls, request, services.checks,
+                                  services.local)
+
+
+async def _finish_rates(services: Services, declared: admit_governance.Declared | Exception,
+                        request: RequestFacts) -> RateOutcome:
+    if isinstance(declared, Exception):
+        await trio.lowlevel.checkpoint()
+        raise declared
+    return await rate_limits.conclude(declared.rate_calls, request, services.checks,
+                                      services.local)
 
 
 async def _finish_route(services: Services, pending: PendingRead | Exception

@@ -3,11 +3,14 @@
 Before the model call, :func:`reserve` declares one ``budget_reserve.lua`` call per
 principal that has a budget (key, team, user, end user, tags), all in the same round,
 and awaits them together: one wait. Each call checks and reserves atomically in the
-principal's own hash tag. After the call (or a rejection, failure, cancellation or cache
-hit), :func:`settle` declares one ``budget_settle.lua`` per principal on the request's
-post-call batch: it releases the reservation and charges the actual cost, idempotently
-by request id, and settles the principal's rate windows too when given their plan
-(``governance.settle.settle``: one script per principal).
+principal's own hash tag. The gateway declares through ``governance.admit``, where the
+call of a principal that also has rate windows admits them too (one script per
+principal); :func:`conclude` reads the budget's part either way. After the call (or a
+rejection, failure, cancellation or cache hit), :func:`settle` declares one
+``budget_settle.lua`` per principal on the request's post-call batch: it releases the
+reservation and charges the actual cost, idempotently by request id, and settles the
+principal's rate windows too when given their plan (``governance.settle.settle``: one
+script per principal).
 
 The admission rule, per principal and budget period (integers, nano-USD)::
 
@@ -48,11 +51,11 @@ from triogate.governance.facts import principal_label
 from triogate.governance.keys import MARKER_SLICE_MS, budget_keys, budget_marker
 
 if TYPE_CHECKING:
-    from collections.abc import MutableMapping
+    from collections.abc import Awaitable, MutableMapping, Sequence
 
     from triogate.batch import Batch, Handle, PostCallBatch
     from triogate.governance.decisions import Decision
-    from triogate.governance.facts import CheckSettings, RequestFacts
+    from triogate.governance.facts import CheckSettings, RequestFacts, Window
     from triogate.governance.local import LocalGovernance
     from triogate.governance.principals import Identity, Principal
     from triogate.governance.rate_limits import RateSettlement
@@ -159,10 +162,48 @@ def _usd(nanousd: int) -> str:
     return f"${Decimal(nanousd).scaleb(-9).normalize():f}"
 
 
-def _budgeted(identity: Identity) -> list[Principal]:
+def budgeted(identity: Identity) -> list[Principal]:
+    """The principals of ``identity`` that have a budget (none for the master key)."""
     if identity.master:
         return []
     return [p for p in identity.principals() if p.limits.max_budget_nanousd is not None]
+
+
+def declare_reserve(
+    batch: Batch,
+    principal: Principal,
+    request: RequestFacts,
+    settings: CheckSettings,
+    *,
+    windows: Sequence[Window] = (),
+) -> tuple[int, int | None, Handle[object]]:
+    """Declare ``principal``'s ``budget_reserve.lua`` call (sync): its period, the period's
+    end (None for a lifetime budget) and the handle.
+
+    ``windows``: the same principal's rate windows, admitted in the same call
+    (``governance.admit``); the reply then carries ``rate_admit.lua``'s after the budget's.
+    """
+    limits = principal.limits
+    assert limits.max_budget_nanousd is not None
+    now_ms = request.now_ms
+    period = limits.budget_period(now_ms)
+    end_ms = limits.budget_period_end_ms(now_ms)
+    keys: tuple[str, ...] = budget_keys(principal.kind, principal.id, period).as_tuple()
+    args: list[str | int] = [
+        now_ms,
+        request.request_id,
+        request.estimate_nanousd,
+        limits.max_budget_nanousd,
+        settings.lease_ms,
+        _ttl_ms(end_ms, now_ms, settings.budget_retention_ms),
+    ]
+    if windows:
+        keys += tuple(w.key for w in windows)
+        args.append(request.estimate_tokens)
+        for w in windows:
+            args += (w.code, w.limit)
+    handle = batch.call(RESERVE, keys=keys, args=args, backend=settings.backend, owner=OWNER)
+    return period, end_ms, handle
 
 
 async def reserve(
@@ -177,34 +218,25 @@ async def reserve(
     Declares every principal's script before awaiting any, so the participant costs one
     wait, shared with the round's other participants. Always a checkpoint; with nothing to
     check (master key, no budgets) it declares nothing and joins no round.
+    (The gateway uses ``governance.admit``, which also admits the rate windows.)
     """
-    principals = _budgeted(identity)
-    if not principals:
+    calls = [(p, *declare_reserve(batch, p, request, settings)) for p in budgeted(identity)]
+    return await conclude(calls, request, settings, local)
+
+
+async def conclude(
+    calls: Sequence[tuple[Principal, int, int | None, Awaitable[object]]],
+    request: RequestFacts,
+    settings: CheckSettings,
+    local: LocalGovernance,
+) -> BudgetOutcome:
+    """The budgets' outcome from each principal's declared call: ``(principal, period,
+    period end, reply)``, as :func:`declare_reserve` gave them; awaits each reply.
+    Always a checkpoint; without calls (nothing to check) the outcome is Allowed."""
+    if not calls:
         await trio.lowlevel.checkpoint()
         return BudgetOutcome(decision=Allowed(), local=local)
     now_ms = request.now_ms
-    calls: list[tuple[Principal, int, int | None, Handle[object]]] = []
-    for p in principals:
-        limits = p.limits
-        assert limits.max_budget_nanousd is not None
-        period = limits.budget_period(now_ms)
-        end_ms = limits.budget_period_end_ms(now_ms)
-        handle = batch.call(
-            RESERVE,
-            keys=budget_keys(p.kind, p.id, period).as_tuple(),
-            args=(
-                now_ms,
-                request.request_id,
-                request.estimate_nanousd,
-                limits.max_budget_nanousd,
-                settings.lease_ms,
-                _ttl_ms(end_ms, now_ms, settings.budget_retention_ms),
-            ),
-            backend=settings.backend,
-            owner=OWNER,
-        )
-        calls.append((p, period, end_ms, handle))
-
     holds: list[BudgetHold] = []
     rejected: Rejected | None = None
     unavailable = refused = False
@@ -289,7 +321,7 @@ async def reserve(
 REFUSED = "refused"
 
 
-async def _reply(handle: Handle[object]) -> tuple[bool, int, int] | str | None:
+async def _reply(handle: Awaitable[object]) -> tuple[bool, int, int] | str | None:
     """The script's ``{admitted, spend, reserved}``, None when Redis could not decide, or
     :data:`REFUSED` when the script refused the request's arguments."""
     try:

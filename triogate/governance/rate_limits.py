@@ -5,7 +5,9 @@ that has limits (key, team, user, end user, tags), all in the same round, and aw
 them together: one wait. Each call checks all of that principal's windows (its RPM, TPM
 and parallel-request limits, plus a key's per-model RPM/TPM for the request's model
 group) and counts the request only if all pass, atomically, in the principal's hash
-tag. A principal that rejects writes nothing.
+tag. A principal that rejects writes nothing. Through ``governance.admit`` (the
+gateway's path), a principal with a budget has its windows admitted by its
+``budget_reserve.lua`` call instead (the same code); :func:`conclude` reads either reply.
 
 Windows slide over 60 s in 1 s buckets (see the header of ``rate_admit.lua`` for why).
 TPM is reserved on the request's estimate and settled on the actual usage afterwards.
@@ -50,7 +52,7 @@ from triogate.governance.keys import (
 from triogate.governance.local import BUCKET_MS
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Awaitable, Mapping, Sequence
 
     from triogate.batch import Batch, Handle, PostCallBatch
     from triogate.governance.decisions import Decision
@@ -180,6 +182,29 @@ def _admit_args(
     return args
 
 
+def plans_for(
+    identity: Identity, request: RequestFacts
+) -> list[tuple[Principal, tuple[Window, ...]]]:
+    """Each principal of ``identity`` with windows for ``request``, and those windows (none
+    for the master key)."""
+    if identity.master:
+        return []
+    return [(p, ws) for p in identity.principals() if (ws := windows_for(p, request.model_group))]
+
+
+def declare_admit(
+    batch: Batch, windows: Sequence[Window], request: RequestFacts, settings: CheckSettings
+) -> Handle[object]:
+    """Declare one principal's ``rate_admit.lua`` call (sync)."""
+    return batch.call(
+        ADMIT,
+        keys=[w.key for w in windows],
+        args=_admit_args(request, windows, settings.lease_ms),
+        backend=settings.backend,
+        owner=OWNER,
+    )
+
+
 async def admit(
     batch: Batch,
     identity: Identity,
@@ -192,28 +217,30 @@ async def admit(
     Declares every principal's script before awaiting any, so the participant costs one
     wait, shared with the round's other participants. Always a checkpoint; with nothing to
     check (master key, no limits) it declares nothing and joins no round.
+    (The gateway uses ``governance.admit``, where a principal with a budget has its
+    windows admitted by its ``budget_reserve.lua`` call.)
     """
-    plans = [] if identity.master else [
-        (p, ws) for p in identity.principals() if (ws := windows_for(p, request.model_group))
-    ]
-    if not plans:
+    calls = [(p, ws, declare_admit(batch, ws, request, settings))
+             for p, ws in plans_for(identity, request)]
+    return await conclude(calls, request, settings, local)
+
+
+async def conclude(
+    calls: Sequence[tuple[Principal, tuple[Window, ...], Awaitable[object]]],
+    request: RequestFacts,
+    settings: CheckSettings,
+    local: LocalGovernance,
+) -> RateOutcome:
+    """The rate limits' outcome from each principal's declared call: ``(principal, its
+    windows, reply)``; awaits each reply. Always a checkpoint; without calls (nothing to
+    check) the outcome is Allowed."""
+    if not calls:
         await trio.lowlevel.checkpoint()
         return RateOutcome(decision=Allowed(), local=local)
-    handles = [
-        batch.call(
-            ADMIT,
-            keys=[w.key for w in ws],
-            args=_admit_args(request, ws, settings.lease_ms),
-            backend=settings.backend,
-            owner=OWNER,
-        )
-        for _, ws in plans
-    ]
-
     entries: list[RateEntry] = []
     rejected: Rejected | None = None
     unavailable = refused = False
-    for (p, ws), handle in zip(plans, handles, strict=True):
+    for p, ws, handle in calls:
         reply = await _reply(handle, len(ws))
         if reply == REFUSED:  # the script refused its arguments: decide nothing, refuse
             refused = True
@@ -293,7 +320,7 @@ REFUSED = "refused"
 
 
 async def _reply(
-    handle: Handle[object], windows: int
+    handle: Awaitable[object], windows: int
 ) -> tuple[bool, int, int, tuple[int, ...]] | str | None:
     """``(admitted, failed index (0-based, -1 if none), retry_after_ms, remaining)``, None
     when Redis could not decide, or :data:`REFUSED` when the script refused its arguments."""

@@ -1,17 +1,38 @@
--- budget_reserve.lua: check one principal's budget for one request and reserve its estimate.
+-- budget_reserve.lua: check one principal's budget for one request and reserve its estimate;
+-- optionally check and count the same principal's rate windows in the same call.
 --
 -- KEYS[1]  counters HASH of the budget period: fields `spend`, `reserved` (nano-USD)
 -- KEYS[2]  holds HASH of the period: request id -> reserved amount (nano-USD)
 -- KEYS[3]  leases ZSET of the period: request id -> lease expiry (epoch ms)
---          All three carry the principal's hash tag (governance/keys.py).
+-- KEYS[3+i] optional: window i of the same principal's rate windows, admitted in the same
+--          call (the work of rate_admit.lua, the same code), as in rate_admit.lua ('r'/'t'
+--          HASH, 'p' ZSET)
+--          All carry the principal's hash tag (governance/keys.py).
 -- ARGV[1]  now_ms              epoch ms; leases judged by lease_clock(now_ms) (below)
 -- ARGV[2]  request_id
 -- ARGV[3]  estimate_nanousd    amount to reserve (integer >= 0)
 -- ARGV[4]  max_budget_nanousd  the period's budget (integer >= 0)
 -- ARGV[5]  lease_ms            a reservation older than this belongs to a dead process (> 0)
 -- ARGV[6]  ttl_ms              TTL given to the three keys; 0 = none (a lifetime budget)
+-- With rate windows (KEYS[4..]), rate_admit.lua's own arguments follow (see its header;
+-- now_ms, request_id and lease_ms are the ones above):
+-- ARGV[7]  estimate_tokens;  ARGV[6+2i] kind of window i ('r', 't' or 'p');
+-- ARGV[7+2i] limit of window i
 -- Returns  {admitted (1|0), spend_nanousd, reserved_nanousd}; reserved includes this
 --          request's estimate when admitted.
+--          With rate windows, rate_admit.lua's reply follows in the same array:
+--          {admitted, spend, reserved, rate admitted, failed, retry_after_ms, remaining_1..n};
+--          a part whose arguments are refused is ONE element instead, the error reply its
+--          lone script would have given (nested: {err, rate part...} or {budget part..., err}),
+--          and the other part runs as it would have alone.
+--
+-- Why both in one script: before the call a principal with a budget and rate limits (a
+-- key or a team) sent two scripts; one saves a script call, an argument parse, a TIME and
+-- a reply per principal. Without KEYS[4..] and ARGV[7..] the script is exactly what it was
+-- (a gateway of an older version reserves that way; both read and write the same keys).
+-- The two parts decide independently, as the two scripts did: a budget refusal does not
+-- keep the windows from counting, nor the reverse (settlement gives back what a rejected
+-- request counted or reserved).
 --
 -- Rule: admit iff spend + reserved + estimate <= max_budget, EXCEPT that when nothing is
 -- used yet (spend + reserved == 0) the request is admitted whenever spend < max_budget, so
@@ -33,6 +54,10 @@
 -- budget (ttl_ms = 0) arms nothing; its holds and leases are deleted when empty.
 
 local LIMIT = 9007199254740992
+local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_admit.lua
+local PARALLEL_RETRY_MS = 1000
+-- A window's field that keeps it out of the listpack encoding (see rate_admit.lua).
+local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
 -- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
 -- whose clock is fast must not expire other gateways' live leases. A caller whose clock
@@ -56,61 +81,256 @@ local function int(i, min)
   return nil
 end
 
-local ok, now_ms, estimate, max_budget, lease_ms, ttl_ms = pcall(function()
-  return int(1, 0), int(3, 0), int(4, 0), int(5, 1), int(6, 0)
-end)
-if not (ok and now_ms and estimate and max_budget and lease_ms and ttl_ms) or #ARGV ~= 6 then
-  return redis.error_reply('ERR budget_reserve: expected 6 arguments: now_ms, request_id, '
-    .. 'estimate, max_budget, lease_ms (> 0), ttl_ms, all integers >= 0 but request_id')
+local n = #KEYS - 3  -- rate windows admitted with the budget
+local rated = n > 0 or #ARGV > 6
+local limits = {}
+local function parse()
+  local tokens = false
+  if rated then
+    for i = 1, n do limits[i] = int(7 + 2 * i, 0) end
+    tokens = int(7, 0)
+  end
+  return int(1, 0), int(5, 1), int(3, 0), int(4, 0), int(6, 0), tokens
+end
+local ok, now_ms, lease_ms, estimate, max_budget, ttl_ms, estimate_tokens = pcall(parse)
+if not ok then
+  -- A non-number somewhere: which part's? Each argument alone (a refusal's slow path).
+  local function safe(i, min)
+    local good, v = pcall(int, i, min)
+    if good then return v end
+    return nil
+  end
+  now_ms, lease_ms, estimate, max_budget, ttl_ms = safe(1, 0), safe(5, 1), safe(3, 0),
+    safe(4, 0), safe(6, 0)
+  if rated then
+    estimate_tokens = safe(7, 0)
+    for i = 1, n do limits[i] = safe(7 + 2 * i, 0) end
+  end
+end
+local budget_ok = now_ms and lease_ms and estimate and max_budget and ttl_ms
+  and (rated or #ARGV == 6)
+local BUDGET_REFUSAL = 'ERR budget_reserve: expected 6 arguments: now_ms, request_id, '
+  .. 'estimate, max_budget, lease_ms (> 0), ttl_ms, all integers >= 0 but request_id'
+if not rated and not budget_ok then return redis.error_reply(BUDGET_REFUSAL) end
+local kinds = {}
+local rate_ok = rated and now_ms and lease_ms and estimate_tokens and n > 0
+  and #ARGV == 6 + 1 + 2 * n
+if rated then
+  for i = 1, n do
+    kinds[i] = ARGV[6 + 2 * i]
+    if not limits[i] or not (kinds[i] == 'r' or kinds[i] == 't' or kinds[i] == 'p') then
+      rate_ok = false
+    end
+  end
 end
 local request_id = ARGV[2]
-local lease_now = lease_clock(now_ms)
+local lease_now = nil
+if budget_ok then
+  lease_now = lease_clock(now_ms)
+elseif rate_ok then  -- TIME only when a parallel window needs leases judged (rate_admit.lua)
+  for i = 1, n do
+    if kinds[i] == 'p' then lease_now = lease_clock(now_ms) break end
+  end
+end
 
--- The lowest lease says whether the lease set exists (and so the holds HASH: they hold the
--- same request ids) and whether any lease expired; only then is the set scanned.
-local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-local holds_exist = #first > 0
-if holds_exist and first[2] + 0 <= lease_now then
-  -- Purge leases of processes that died while holding a reservation.
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', lease_now)
-  for _, rid in ipairs(expired) do
-    local amount = redis.call('HGET', KEYS[2], rid)
-    if amount then
-      redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
-      redis.call('HDEL', KEYS[2], rid)
+-- The budget: the reply's first three elements (or the refusal).
+local out
+if not budget_ok then
+  out = {redis.error_reply(BUDGET_REFUSAL)}
+else
+  -- The lowest lease says whether the lease set exists (and so the holds HASH: they hold
+  -- the same request ids) and whether any lease expired; only then is the set scanned.
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  local holds_exist = #first > 0
+  if holds_exist and first[2] + 0 <= lease_now then
+    -- Purge leases of processes that died while holding a reservation.
+    local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', lease_now)
+    for _, rid in ipairs(expired) do
+      local amount = redis.call('HGET', KEYS[2], rid)
+      if amount then
+        redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
+        redis.call('HDEL', KEYS[2], rid)
+      end
+      redis.call('ZREM', KEYS[3], rid)
     end
-    redis.call('ZREM', KEYS[3], rid)
+    holds_exist = false  -- the purge may have emptied (deleted) both: arm again
   end
-  holds_exist = false  -- the purge may have emptied (deleted) both: arm again
-end
 
-local state = redis.call('HMGET', KEYS[1], 'spend', 'reserved')
-local counters_exist = state[1] or state[2]
--- `x and x + 0 or 0`: one conversion (see int); a field holds what these scripts wrote.
-local spend = state[1] and state[1] + 0 or 0
-local reserved = state[2] and state[2] + 0 or 0
+  local state = redis.call('HMGET', KEYS[1], 'spend', 'reserved')
+  local counters_exist = state[1] or state[2]
+  -- `x and x + 0 or 0`: one conversion (see int); a field holds what these scripts wrote.
+  local spend = state[1] and state[1] + 0 or 0
+  local reserved = state[2] and state[2] + 0 or 0
 
-local used = spend + reserved
-if used + estimate > max_budget and not (used == 0 and spend < max_budget) then
-  -- A request id that already holds a reservation is admitted again, even when over.
-  if redis.call('HEXISTS', KEYS[2], request_id) == 1 then return {1, spend, reserved} end
-  return {0, spend, reserved}
-end
-
--- HSETNX writes nothing for a request id that already holds a reservation: a replay.
--- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
-local estimate_s = string.format('%d', estimate)
-if redis.call('HSETNX', KEYS[2], request_id, estimate_s) == 0 then
-  return {1, spend, reserved}
-end
-redis.call('HINCRBY', KEYS[1], 'reserved', estimate_s)
-redis.call('ZADD', KEYS[3], string.format('%d', lease_now + lease_ms), request_id)
-if ttl_ms > 0 then
-  local ttl_s = string.format('%d', ttl_ms)
-  if not counters_exist then redis.call('PEXPIRE', KEYS[1], ttl_s) end
-  if not holds_exist then
-    redis.call('PEXPIRE', KEYS[2], ttl_s)
-    redis.call('PEXPIRE', KEYS[3], ttl_s)
+  local used = spend + reserved
+  if used + estimate > max_budget and not (used == 0 and spend < max_budget) then
+    -- A request id that already holds a reservation is admitted again, even when over.
+    if redis.call('HEXISTS', KEYS[2], request_id) == 1 then
+      out = {1, spend, reserved}
+    else
+      out = {0, spend, reserved}
+    end
+  else
+    -- HSETNX writes nothing for a request id that already holds a reservation: a replay.
+    -- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
+    local estimate_s = string.format('%d', estimate)
+    if redis.call('HSETNX', KEYS[2], request_id, estimate_s) == 0 then
+      out = {1, spend, reserved}
+    else
+      redis.call('HINCRBY', KEYS[1], 'reserved', estimate_s)
+      redis.call('ZADD', KEYS[3], string.format('%d', lease_now + lease_ms), request_id)
+      if ttl_ms > 0 then
+        local ttl_s = string.format('%d', ttl_ms)
+        if not counters_exist then redis.call('PEXPIRE', KEYS[1], ttl_s) end
+        if not holds_exist then
+          redis.call('PEXPIRE', KEYS[2], ttl_s)
+          redis.call('PEXPIRE', KEYS[3], ttl_s)
+        end
+      end
+      out = {1, spend, reserved + estimate}
+    end
   end
 end
-return {1, spend, reserved + estimate}
+if not rated then return out end
+if not rate_ok then
+  out[#out + 1] = redis.error_reply('ERR rate_admit: expected now_ms, request_id, '
+    .. 'estimate_tokens, lease_ms (> 0), then a kind (r|t|p) and an integer limit >= 0 per key')
+  return out
+end
+
+-- The rate windows: rate_admit.lua's work, the same code (its header states the rules;
+-- keep the two identical), with window i at KEYS[3 + i]; appended to `out` from `base`.
+local base = #out
+local estimate_t = estimate_tokens
+local current = math.floor(now_ms / BUCKET_MS)
+local current_s = string.format('%d', current)
+local oldest = current - BUCKETS + 1
+local ROLL_MAX = 64
+local used, stale, origin, bucket_now = {}, {}, {}, {}
+for i = 1, n do
+  if kinds[i] == 'p' then
+    used[i] = redis.call('ZCOUNT', KEYS[3 + i], string.format('(%d', lease_now), '+inf')
+  else
+    local key = KEYS[3 + i]
+    local head = redis.call('HMGET', key, 't', 'o', current_s)
+    local total, low = head[1] and head[1] + 0, head[2] and head[2] + 0
+    bucket_now[i] = head[3] and head[3] + 0
+    local old = false
+    if total and low and oldest - low <= ROLL_MAX then
+      if low < oldest then
+        local fields = {}
+        for b = low, oldest - 1 do fields[#fields + 1] = b end
+        local counts = redis.call('HMGET', key, unpack(fields))
+        for j = 1, #fields do
+          local c = tonumber(counts[j])
+          if c then
+            total = total - c
+            old = old or {}
+            old[#old + 1] = fields[j]
+          end
+        end
+        low = oldest
+      end
+    else
+      local flat = redis.call('HGETALL', key)
+      total, low = 0, oldest
+      for j = 1, #flat, 2 do
+        local name = flat[j]
+        local b, c = tonumber(name), tonumber(flat[j + 1]) or 0
+        if b and b >= oldest then
+          total = total + c
+          if b < low then low = b end
+          if b == current then bucket_now[i] = c end
+        elseif name ~= 't' and name ~= 'o' and name ~= PAD_FIELD then
+          old = old or {}
+          old[#old + 1] = name
+        end
+      end
+    end
+    used[i], stale[i], origin[i] = total, old, low
+  end
+end
+
+local failed, needs = 0, nil
+for i = 1, n do
+  local limit, u, need = limits[i], used[i], nil
+  if kinds[i] == 'r' then
+    if u + 1 > limit then need = u + 1 - limit end
+  elseif kinds[i] == 't' then
+    if u + estimate_t > limit and u > 0 then need = math.min(u, u + estimate_t - limit) end
+  elseif u + 1 > limit then
+    need = 0
+  end
+  if need then
+    if failed == 0 then failed, needs = i, {} end
+    needs[i] = need
+  end
+end
+
+if failed > 0 then
+  local function buckets_of(i)
+    local flat = redis.call('HGETALL', KEYS[3 + i])
+    local list = {}
+    for j = 1, #flat, 2 do
+      local b = tonumber(flat[j])
+      if b and b >= oldest then list[#list + 1] = {b, tonumber(flat[j + 1]) or 0} end
+    end
+    table.sort(list, function(x, y) return x[1] < y[1] end)
+    return list
+  end
+  local function retry_after(i, need)
+    local freed = 0
+    for _, bc in ipairs(buckets_of(i)) do
+      freed = freed + bc[2]
+      if freed >= need then return (bc[1] + BUCKETS) * BUCKET_MS - now_ms end
+    end
+    return BUCKETS * BUCKET_MS
+  end
+  local retry_ms = 0
+  for i = 1, n do
+    local need = needs[i]
+    if need then
+      local wait = PARALLEL_RETRY_MS
+      if kinds[i] ~= 'p' then wait = retry_after(i, need) end
+      if wait > retry_ms then retry_ms = wait end
+    end
+  end
+  out[base + 1], out[base + 2], out[base + 3] = 0, failed, retry_ms
+  for i = 1, n do out[base + 3 + i] = math.max(limits[i] - used[i], 0) end
+  return out
+end
+
+out[base + 1], out[base + 2], out[base + 3] = 1, 0, 0
+for i = 1, n do
+  local key = KEYS[3 + i]
+  if kinds[i] == 'p' then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
+    redis.call('ZADD', key, lease_now + lease_ms, request_id)
+    redis.call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
+    out[base + 3 + i] = math.max(limits[i] - used[i] - 1, 0)
+  else
+    local add = 1
+    if kinds[i] == 't' then add = estimate_t end
+    if stale[i] then redis.call('HDEL', key, unpack(stale[i])) end
+    local low = origin[i]
+    if current < low then low = current end  -- a clock running behind
+    if add > 0 then
+      local before = bucket_now[i]
+      if before then
+        redis.call('HSET', key, current_s, string.format('%d', before + add),
+          't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+      else
+        redis.call('HSET', key, current_s, string.format('%d', add),
+          't', string.format('%d', used[i] + add), 'o', string.format('%d', low),
+          PAD_FIELD, PAD)
+        redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+      end
+    elseif used[i] == 0 then
+      redis.call('DEL', key)
+    elseif stale[i] or redis.call('EXISTS', key) == 1 then
+      redis.call('HSET', key, 't', used[i], 'o', low)
+    end
+    out[base + 3 + i] = math.max(limits[i] - used[i] - add, 0)
+  end
+end
+return out

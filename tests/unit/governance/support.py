@@ -81,15 +81,19 @@ def scripted(
         name, keys, args = split(wire)
         tag = keys[0][keys[0].index("{"): keys[0].index("}") + 1]
         if name == "budget_reserve":
-            if tag in over_budget:
-                return [0, spend, 0]
-            return [1, spend, int(args[2])]
+            budget = [0, spend, 0] if tag in over_budget else [1, spend, int(args[2])]
+            if len(keys) == 3:
+                return budget
+            # With the principal's windows (governance/admit.py): rate_admit's reply after.
+            return budget + rates(tag, [int(v) for v in args[8::2]])
         if name == "rate_admit":
-            limits = [int(v) for v in args[5::2]]
-            if tag in rate_limited:
-                return [0, 1, retry_after_ms, *([0] * len(limits))]
-            return [1, 0, 0, *(lim - 1 for lim in limits)]
+            return rates(tag, [int(v) for v in args[5::2]])
         return 1
+
+    def rates(tag: str, limits: list[int]) -> list[int]:
+        if tag in rate_limited:
+            return [0, 1, retry_after_ms, *([0] * len(limits))]
+        return [1, 0, 0, *(lim - 1 for lim in limits)]
 
     return respond
 
