@@ -173,6 +173,7 @@ class _Open:
     stream: ProviderStream
     events: AsyncIterator[dict[str, Any]]
     first: dict[str, Any] | None
+    first_wire: bytes | None
 
 
 async def _stream(services: Services, call: Call, admitted: Admission) -> Response:
@@ -188,7 +189,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await stack.aclose()
             raise
-        return _Open(stack, stream, events, first)
+        return _Open(stack, stream, events, first, stream.wire)
 
     with admission.keep_leases(services, admitted):
         result = await _route(services, call, admitted, attempt)
@@ -202,19 +203,24 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         finished = False
         try:
             with admission.keep_leases(services, admitted):  # a stream past lease_s
-                event = opened.first
+                stream = opened.stream
+                event, wire = opened.first, opened.first_wire
                 while event is not None:
                     # Events the upstream's last read brought together leave in one write
-                    # (a write costs more than the event's own work).
+                    # (a write costs more than the event's own work). An event the
+                    # upstream wrote as the client's API would goes on as it came (wire).
                     burst: list[bytes] = []
                     while event is not None:
                         events.append(event)
                         if _forward(call, event):
-                            burst.append(sse.encode(call.api, event))
-                        event = opened.stream.next_nowait()
+                            burst.append(wire if wire is not None
+                                         else sse.encode(call.api, event))
+                        event = stream.next_nowait()
+                        wire = stream.wire
                     if burst:
                         await write(b"".join(burst))
                     event = await anext(opened.events, None)
+                    wire = stream.wire
             await write(sse.end(call.api))
             finished = True
         except ProviderError as exc:

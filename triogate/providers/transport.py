@@ -50,6 +50,13 @@ def transport_of(client: httpx.AsyncClient) -> UpstreamTransport | None:
     return _TRANSPORTS.get(client)
 
 
+def body_of(response: httpx.Response) -> _Body | None:
+    """The transport body under ``response`` (httpx binds it in a ``BoundAsyncStream``,
+    whose ``_stream`` it is), or None for a response from another transport."""
+    stream = getattr(response.stream, "_stream", response.stream)
+    return stream if isinstance(stream, _Body) else None
+
+
 def register(client: httpx.AsyncClient, transport: UpstreamTransport) -> httpx.AsyncClient:
     """Remember that ``client`` sends through ``transport`` (for the fast path)."""
     _TRANSPORTS[client] = transport
@@ -76,35 +83,39 @@ class _Connection:
 
     async def receive(self, timeout_s: float | None, request: httpx.Request | None) -> bytes:
         """Some bytes (b"" at the end of the stream), within ``timeout_s`` (None: the
-        caller's deadline bounds it)."""
+        caller's deadline bounds it). Always a checkpoint, as ``recv`` is: a stream whose
+        upstream keeps its socket readable must still let others run."""
         # A bare CancelScope, not fail_after: this runs once per upstream read (per stream
         # chunk), and fail_after's contextmanager layer cost more than the read's own work.
+        # On plain TCP the scope is only entered when the read has to wait: bytes already
+        # in the socket (a worker that is behind) cannot time out.
         try:
-            if timeout_s is None:
-                if self.plain:
-                    return await self._read()
-                return bytes(await self.stream.receive_some(_READ_SIZE))
-            with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
-                if self.plain:
-                    return await self._read()
-                return bytes(await self.stream.receive_some(_READ_SIZE))
+            if self.plain:
+                await trio.lowlevel.checkpoint_if_cancelled()  # before consuming, as recv
+                try:
+                    data = os.read(self.fd, _READ_SIZE)
+                except BlockingIOError:
+                    pass
+                else:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    return data
+                if timeout_s is None:
+                    return await self._wait_read()
+                with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
+                    return await self._wait_read()
+            else:
+                if timeout_s is None:
+                    return bytes(await self.stream.receive_some(_READ_SIZE))
+                with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
+                    return bytes(await self.stream.receive_some(_READ_SIZE))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
         assert scope.cancelled_caught
         raise httpx.ReadTimeout("upstream read timed out", request=request)
 
-    async def _read(self) -> bytes:
-        """``socket.recv`` without trio's wrapper (an async context manager per call):
-        read, or wait until readable and read. Always a checkpoint, as ``recv`` is: a
-        stream whose upstream keeps its socket readable must still let others run."""
-        await trio.lowlevel.checkpoint_if_cancelled()  # before consuming, as recv does
-        try:
-            data = os.read(self.fd, _READ_SIZE)
-        except BlockingIOError:
-            pass
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
+    async def _wait_read(self) -> bytes:
+        """``socket.recv`` without trio's wrapper (an async context manager per call),
+        once a read found nothing: wait until readable, then read."""
         while True:
             await trio.lowlevel.wait_readable(self.fd)
             try:
@@ -261,11 +272,96 @@ class _Body(httpx.AsyncByteStream):
                 pieces.append(more)
             yield piece if len(pieces) == 1 else b"".join(pieces)
 
+    async def read_some(self) -> bytes:
+        """Every body byte that is here now, waiting for one upstream read if none is
+        (b"" at the body's end); a checkpoint.
+
+        The stream hot path (``providers/rawchat.py``): one call per upstream read instead
+        of a chunk per step through ``__aiter__``'s generators and httpx's, and all the
+        chunks that one read brought come back together. Mixing it with ``__aiter__`` on
+        the same body is not supported.
+        """
+        conn = self._conn
+        if conn is None:
+            if self._done:
+                await trio.lowlevel.checkpoint()
+                return b""
+            raise httpx.StreamClosed()
+        buf = conn.buffer
+        if not self._chunked:
+            left = self._length
+            if left == 0:
+                await self._finish()
+                return b""
+            if buf:
+                data = bytes(buf if left is None else buf[:left])
+                del buf[: len(data)]
+                await trio.lowlevel.checkpoint()
+            else:
+                data = await self._more()
+                if not data:
+                    if left is not None:
+                        raise httpx.RemoteProtocolError(
+                            "upstream closed the connection mid-body", request=self._request
+                        )
+                    await self._finish()
+                    return b""
+                if left is not None and len(data) > left:
+                    buf += data[left:]
+                    data = data[:left]
+            if left is not None:
+                self._length = left - len(data)
+            return data
+        while True:
+            pieces = []
+            while (piece := _buffered_chunk(buf)) is not None:
+                pieces.append(piece)
+            if pieces:
+                await trio.lowlevel.checkpoint()
+                return b"".join(pieces)
+            # No whole data chunk buffered: the last chunk, a malformed one, or one that
+            # needs more bytes.
+            end = buf.find(b"\r\n")
+            if end >= 0:
+                size = _chunk_size(buf, end)
+                if size is None:
+                    raise httpx.RemoteProtocolError(
+                        f"bad chunk size {bytes(buf[:end])[:40]!r}", request=self._request
+                    )
+                if size == 0:
+                    del buf[: end + 2]
+                    while await self._line(conn):  # trailers, up to the empty line
+                        pass
+                    await self._finish()
+                    return b""
+                if len(buf) >= end + 2 + size + 2:  # whole, yet not taken: no CRLF after
+                    raise httpx.RemoteProtocolError("chunk without CRLF", request=self._request)
+            elif len(buf) > _MAX_HEAD_BYTES:
+                raise httpx.RemoteProtocolError("chunk header too long", request=self._request)
+            data = await self._more()
+            if not data:
+                raise httpx.RemoteProtocolError(
+                    "upstream closed the connection mid-chunk", request=self._request
+                )
+            buf += data
+
+    async def _finish(self) -> None:
+        self._done = True
+        await self.aclose()
+
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
         await self._transport._release(conn, reuse=self._done and self._keep_alive)
+
+
+def _chunk_size(buf: bytearray, end: int) -> int | None:
+    """The size on the chunk-size line ``buf[:end]``, or None if it is not one."""
+    try:
+        return int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        return None
 
 
 def _buffered_chunk(buf: bytearray) -> bytes | None:
@@ -274,9 +370,8 @@ def _buffered_chunk(buf: bytearray) -> bytes | None:
     end = buf.find(b"\r\n")
     if end < 0:
         return None
-    try:
-        size = int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
-    except ValueError:
+    size = _chunk_size(buf, end)
+    if size is None:
         return None
     start = end + 2
     if size == 0 or len(buf) < start + size + 2 or buf[start + size : start + size + 2] != b"\r\n":
