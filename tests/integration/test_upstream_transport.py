@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from triogate.providers.transport import UpstreamTransport
+from triogate.providers.transport import UpstreamTransport, body_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -273,3 +273,60 @@ async def test_a_cancelled_call_sends_nothing(server) -> None:  # type: ignore[n
     assert len(heads) == 1
     assert transport.idle_connections() == 1  # nothing was sent on it: still reusable
     await transport.aclose()
+
+
+async def _read_all(response: httpx.Response) -> list[bytes]:
+    """The body through ``read_some`` (the raw chat stream's way), piece by piece."""
+    body = body_of(response)
+    assert body is not None
+    pieces = []
+    while data := await body.read_some():
+        pieces.append(data)
+    return pieces
+
+
+async def test_read_some_takes_what_each_read_brought(server) -> None:  # type: ignore[no-untyped-def]
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    burst = b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n"
+    tail = b"4\r\nfour\r\n4\r\nfive\r\n0\r\ntrailer: x\r\n\r\n"
+    raw = b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\n\r\n"
+    replies = iter([[head + burst, b"<pause>", tail],
+                    [head, *[raw[i : i + 3] for i in range(0, len(raw), 3)]],
+                    [*_fixed(b"fixed"), b"<pause>"]])
+    url = await server(lambda _: next(replies))
+    client, transport = _client()
+    async with client:
+        async with client.stream("POST", url, content=b"x") as response:
+            assert await _read_all(response) == [b"onetwothree", b"fourfive"]
+        async with client.stream("POST", url, content=b"x") as response:
+            assert b"".join(await _read_all(response)) == b"hello world"
+        async with client.stream("POST", url, content=b"x") as response:
+            assert await _read_all(response) == [b"fixed"]
+    assert transport.connections_opened == 1  # each body read to its end: reused
+
+
+async def test_read_some_refuses_bad_chunks(server) -> None:  # type: ignore[no-untyped-def]
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    for bad in (b"zz\r\nhello\r\n", b"3\r\nhello\r\n", b"5\r\nhel", b"x" * 70000):
+        url = await server(lambda _, bad=bad: [head + bad, b"<close>"])
+        client, _ = _client()
+        async with client, client.stream("POST", url, content=b"x") as response:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await _read_all(response)
+
+
+async def test_a_stream_left_at_its_last_chunk_keeps_its_connection(server) -> None:  # type: ignore[no-untyped-def]
+    # A reader that stops at ``data: [DONE]`` never asks for the last chunk; when it is
+    # already here, the connection goes back to the pool all the same.
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    events = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    url = await server(lambda _: [head + events])
+    client, transport = _client()
+    async with client:
+        for _ in range(3):
+            async with client.stream("POST", url, content=b"x") as response:
+                body = body_of(response)
+                assert body is not None
+                while not (await body.read_some()).endswith(b"[DONE]\n\n"):
+                    pass
+    assert transport.connections_opened == 1

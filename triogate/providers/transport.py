@@ -34,6 +34,7 @@ _MAX_HEAD_BYTES = 64 * 1024
 _READ_SIZE = 65536
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 _NO_BODY_STATUS = frozenset((204, 304))
+_LAST_CHUNK = b"0\r\n\r\n"
 
 Origin = tuple[bytes, bytes, int]
 
@@ -353,6 +354,11 @@ class _Body(httpx.AsyncByteStream):
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if not self._done and self._chunked and conn.buffer == _LAST_CHUNK:
+            # Every data chunk was taken and the last one is here: the body is whole
+            # (a stream whose reader stopped at ``data: [DONE]``), the connection reusable.
+            conn.buffer.clear()
+            self._done = True
         await self._transport._release(conn, reuse=self._done and self._keep_alive)
 
 
