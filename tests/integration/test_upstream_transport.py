@@ -330,3 +330,44 @@ async def test_a_stream_left_at_its_last_chunk_keeps_its_connection(server) -> N
                 while not (await body.read_some()).endswith(b"[DONE]\n\n"):
                     pass
     assert transport.connections_opened == 1
+
+
+async def test_open_stream_sends_a_lean_post_and_bounds_each_wait(server) -> None:  # type: ignore[no-untyped-def]
+    heads: list[bytes] = []
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
+    def reply(request: bytes) -> list[bytes]:
+        heads.append(request)
+        return [head + b"5\r\nfirst\r\n", b"<pause>", b"4\r\nlate\r\n0\r\n\r\n"]
+
+    url = await server(reply)
+    _, transport = _client(max_connections=1)
+    response = await transport.open_stream(url + "/v1/x", headers={"authorization": "Bearer k"},
+                                           content=b"{}", timeout_s=5)
+    assert response.status_code == 200
+    assert heads[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
+    assert b"authorization: Bearer k\r\n" in heads[0]
+    assert b"accept-encoding: identity\r\n" in heads[0]
+    assert b"content-length: 2" in heads[0]
+    # The one slot is taken: a second call waits at most its timeout for it.
+    with trio.fail_after(2), pytest.raises(httpx.PoolTimeout):
+        await transport.open_stream(url, headers={}, content=b"", timeout_s=0.1)
+    await response.aclose()  # unread: the connection is dropped, the slot freed
+    assert transport._slots.value == 1
+    # Each body read is bounded by timeout_s: the pause outlasts it.
+    response = await transport.open_stream(url, headers={}, content=b"", timeout_s=0.2)
+    body = body_of(response)
+    assert body is not None
+    assert await body.read_some() == b"first"
+    with pytest.raises(httpx.ReadTimeout):
+        await body.read_some()
+    await response.aclose()
+    assert transport._slots.value == 1
+    # An error status: the body is read through httpx's API as usual.
+    url = await server(lambda _: [b'HTTP/1.1 500 Oops\r\ncontent-length: 14\r\n\r\n'
+                                  b'{"error":"no"}'])
+    response = await transport.open_stream(url, headers={}, content=b"", timeout_s=5)
+    assert response.status_code == 500
+    assert await response.aread() == b'{"error":"no"}'
+    await response.aclose()
+    assert transport.idle_connections() == 1

@@ -667,16 +667,65 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         :data:`CONNECT_TIMEOUT_S` of it). Errors are httpx's (a timeout:
         ``httpx.TimeoutException``, or ``ConnectTimeout``).
         """
+        prefix = self._prefix(url, headers)
+        # A bare scope, not fail_after (a generator context manager around the same scope).
+        with trio.CancelScope(deadline=trio.current_time() + timeout_s):
+            return await self._post(prefix, content, timeout_s)
+        raise httpx.TimeoutException(f"upstream call took over {timeout_s} s")
+
+    async def open_stream(
+        self, url: str, *, headers: Mapping[str, str], content: bytes, timeout_s: float
+    ) -> httpx.Response:
+        """POST ``content`` and return the response once its head is read; its body
+        (``stream``, a transport body: ``read_some``) is read by the caller, who must
+        close the response.
+
+        The hot path of a streamed upstream call, as :meth:`post` is of a whole one:
+        no ``httpx.Request``, no URL parsing per call (the head up to
+        ``Content-Length`` is kept per url and headers), no cookie or redirect layers;
+        the request asks for no content coding. ``timeout_s`` bounds the wait for a
+        connection slot, the connect (at most :data:`CONNECT_TIMEOUT_S`), the write,
+        and then each read, body reads included (httpx's ``read`` timeout). Errors are
+        httpx's (a timeout: ``httpx.TimeoutException``; the slot: ``PoolTimeout``).
+        """
+        origin, head = self._prefix(url, headers)
+        await trio.lowlevel.checkpoint_if_cancelled()  # before anything is sent
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            acquired = False
+            with trio.move_on_after(timeout_s):
+                await self._slots.acquire()
+                acquired = True
+            if not acquired:
+                raise httpx.PoolTimeout("no upstream connection free") from None
+        conn: _Connection | None = None
+        try:
+            conn = self._pop_idle(origin)
+            if conn is None:
+                conn = await self._connect(origin, None, min(timeout_s, CONNECT_TIMEOUT_S))
+            await _send(conn, b"".join((head, b"content-length: %d\r\n\r\n" % len(content),
+                                        content)), timeout_s, None)
+            status, reason, raw_headers, keep_alive, length, chunked = await _read_head(
+                conn, timeout_s, None, head_request=False)
+        except BaseException:
+            self._slots.release()  # first: a cancelled close re-raises Cancelled
+            if conn is not None:
+                await conn.close()
+            raise
+        body = _Body(self, conn, None, length=length, chunked=chunked,
+                     keep_alive=keep_alive, read_timeout=timeout_s)
+        return httpx.Response(status, headers=raw_headers, stream=body,
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
+
+    def _prefix(self, url: str, headers: Mapping[str, str]) -> tuple[Origin, bytes]:
         key = (url, tuple(headers.items()))
         prefix = self._prefixes.get(key)
         if prefix is None:
             if len(self._prefixes) >= _MAX_PREFIXES:
                 self._prefixes.clear()
             prefix = self._prefixes[key] = _post_prefix(url, headers)
-        # A bare scope, not fail_after (a generator context manager around the same scope).
-        with trio.CancelScope(deadline=trio.current_time() + timeout_s):
-            return await self._post(prefix, content, timeout_s)
-        raise httpx.TimeoutException(f"upstream call took over {timeout_s} s")
+        return prefix
 
     async def _post(
         self, prefix: tuple[Origin, bytes], content: bytes, timeout_s: float
