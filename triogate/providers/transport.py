@@ -365,6 +365,10 @@ class _Body(httpx.AsyncByteStream):
 def _chunk_size(buf: bytearray, end: int) -> int | None:
     """The size on the chunk-size line ``buf[:end]``, or None if it is not one."""
     try:
+        return int(buf[:end], 16)  # no extension (the usual line): no copy, no split
+    except ValueError:
+        pass
+    try:
         return int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
     except ValueError:
         return None
