@@ -252,8 +252,16 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
 
 
 def _decoded(kept: list[dict[str, Any] | bytes]) -> list[dict[str, Any]]:
-    """A stream's events as dicts (``data: {json}`` wire bytes decoded again)."""
-    return [orjson.loads(memoryview(e)[6:-2]) if isinstance(e, bytes) else e for e in kept]
+    """A stream's events as dicts: the ``data: {json}`` wire bytes decoded again, all in
+    one JSON array (half the cost of one ``loads`` per event)."""
+    raw = [memoryview(e)[6:-2] for e in kept if isinstance(e, bytes)]
+    if not raw:
+        return kept  # type: ignore[return-value]  # dicts only
+    decoded: list[dict[str, Any]] = orjson.loads(b"[%b]" % b",".join(raw))
+    if len(raw) == len(kept):
+        return decoded
+    objects = iter(decoded)
+    return [next(objects) if isinstance(e, bytes) else e for e in kept]
 
 
 def _forward(call: Call, event: dict[str, Any]) -> bool:
