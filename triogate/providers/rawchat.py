@@ -7,7 +7,7 @@ then a dict, copies the dict (the passthrough translator) and encodes it again, 
 per step through httpx's body iterators. :class:`RawChatStream` does the same job with
 the bytes one upstream read brought:
 
-* the body is read with ``_Body.read_some`` (:mod:`.transport`): all the whole chunks a
+* the body is read with ``UpstreamBody.read_some`` (:mod:`.http1`): all the whole chunks a
   read brought at once, no generator layers;
 * an event written the usual way, ``data: <json>`` and a blank line (LF only), is cut out
   of the bytes as it is; its JSON is parsed once (usage tracking, the
