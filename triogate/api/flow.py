@@ -202,7 +202,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         # Every event is kept for the outcome (response cache, response id); one the
         # upstream wrote as the client's API would is kept as its bytes, decoded again
         # at the end. Thousands of streams holding every chunk as dicts made the garbage
-        # collector walk millions of them (measured: half the per-chunk parse cost).
+        # collector walk millions of them (bench/results/w6-stream.md, change 2).
         kept: list[dict[str, Any] | bytes] = []
         error: ProviderError | None = None
         finished = False
@@ -252,8 +252,8 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
 
 
 def _decoded(kept: list[dict[str, Any] | bytes]) -> list[dict[str, Any]]:
-    """A stream's events as dicts: the ``data: {json}`` wire bytes decoded again, all in
-    one JSON array (half the cost of one ``loads`` per event)."""
+    """A stream's events as dicts: the ``data: {json}`` wire bytes decoded again, as one
+    JSON array (one ``loads`` call, not one per event)."""
     raw = [memoryview(e)[6:-2] for e in kept if isinstance(e, bytes)]
     if not raw:
         return kept  # type: ignore[return-value]  # dicts only
