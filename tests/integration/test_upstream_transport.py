@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from triogate.providers.transport import UpstreamTransport
+from triogate.providers.transport import UpstreamTransport, body_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -273,3 +273,101 @@ async def test_a_cancelled_call_sends_nothing(server) -> None:  # type: ignore[n
     assert len(heads) == 1
     assert transport.idle_connections() == 1  # nothing was sent on it: still reusable
     await transport.aclose()
+
+
+async def _read_all(response: httpx.Response) -> list[bytes]:
+    """The body through ``read_some`` (the raw chat stream's way), piece by piece."""
+    body = body_of(response)
+    assert body is not None
+    pieces = []
+    while data := await body.read_some():
+        pieces.append(data)
+    return pieces
+
+
+async def test_read_some_takes_what_each_read_brought(server) -> None:  # type: ignore[no-untyped-def]
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    burst = b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n"
+    tail = b"4\r\nfour\r\n4\r\nfive\r\n0\r\ntrailer: x\r\n\r\n"
+    raw = b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\n\r\n"
+    replies = iter([[head + burst, b"<pause>", tail],
+                    [head, *[raw[i : i + 3] for i in range(0, len(raw), 3)]],
+                    [*_fixed(b"fixed"), b"<pause>"]])
+    url = await server(lambda _: next(replies))
+    client, transport = _client()
+    async with client:
+        async with client.stream("POST", url, content=b"x") as response:
+            assert await _read_all(response) == [b"onetwothree", b"fourfive"]
+        async with client.stream("POST", url, content=b"x") as response:
+            assert b"".join(await _read_all(response)) == b"hello world"
+        async with client.stream("POST", url, content=b"x") as response:
+            assert await _read_all(response) == [b"fixed"]
+    assert transport.connections_opened == 1  # each body read to its end: reused
+
+
+async def test_read_some_refuses_bad_chunks(server) -> None:  # type: ignore[no-untyped-def]
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    for bad in (b"zz\r\nhello\r\n", b"3\r\nhello\r\n", b"5\r\nhel", b"x" * 70000):
+        url = await server(lambda _, bad=bad: [head + bad, b"<close>"])
+        client, _ = _client()
+        async with client, client.stream("POST", url, content=b"x") as response:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await _read_all(response)
+
+
+async def test_a_stream_left_at_its_last_chunk_keeps_its_connection(server) -> None:  # type: ignore[no-untyped-def]
+    # A reader that stops at ``data: [DONE]`` never asks for the last chunk; when it is
+    # already here, the connection goes back to the pool all the same.
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    events = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    url = await server(lambda _: [head + events])
+    client, transport = _client()
+    async with client:
+        for _ in range(3):
+            async with client.stream("POST", url, content=b"x") as response:
+                body = body_of(response)
+                assert body is not None
+                while not (await body.read_some()).endswith(b"[DONE]\n\n"):
+                    pass
+    assert transport.connections_opened == 1
+
+
+async def test_open_stream_sends_a_lean_post_and_bounds_each_wait(server) -> None:  # type: ignore[no-untyped-def]
+    heads: list[bytes] = []
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
+    def reply(request: bytes) -> list[bytes]:
+        heads.append(request)
+        return [head + b"5\r\nfirst\r\n", b"<pause>", b"4\r\nlate\r\n0\r\n\r\n"]
+
+    url = await server(reply)
+    _, transport = _client(max_connections=1)
+    response = await transport.open_stream(url + "/v1/x", headers={"authorization": "Bearer k"},
+                                           content=b"{}", timeout_s=5)
+    assert response.status_code == 200
+    assert heads[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
+    assert b"authorization: Bearer k\r\n" in heads[0]
+    assert b"accept-encoding: identity\r\n" in heads[0]
+    assert b"content-length: 2" in heads[0]
+    # The one slot is taken: a second call waits at most its timeout for it.
+    with trio.fail_after(2), pytest.raises(httpx.PoolTimeout):
+        await transport.open_stream(url, headers={}, content=b"", timeout_s=0.1)
+    await response.aclose()  # unread: the connection is dropped, the slot freed
+    assert transport._slots.value == 1
+    # Each body read is bounded by timeout_s: the pause outlasts it.
+    response = await transport.open_stream(url, headers={}, content=b"", timeout_s=0.2)
+    body = body_of(response)
+    assert body is not None
+    assert await body.read_some() == b"first"
+    with pytest.raises(httpx.ReadTimeout):
+        await body.read_some()
+    await response.aclose()
+    assert transport._slots.value == 1
+    # An error status: the body is read through httpx's API as usual.
+    url = await server(lambda _: [b'HTTP/1.1 500 Oops\r\ncontent-length: 14\r\n\r\n'
+                                  b'{"error":"no"}'])
+    response = await transport.open_stream(url, headers={}, content=b"", timeout_s=5)
+    assert response.status_code == 500
+    assert await response.aread() == b'{"error":"no"}'
+    await response.aclose()
+    assert transport.idle_connections() == 1

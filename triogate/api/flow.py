@@ -28,6 +28,7 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
+import orjson
 import trio
 
 from triogate.api import admission, controls, settlement, sse
@@ -173,6 +174,7 @@ class _Open:
     stream: ProviderStream
     events: AsyncIterator[dict[str, Any]]
     first: dict[str, Any] | None
+    first_wire: bytes | None
 
 
 async def _stream(services: Services, call: Call, admitted: Admission) -> Response:
@@ -188,7 +190,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await stack.aclose()
             raise
-        return _Open(stack, stream, events, first)
+        return _Open(stack, stream, events, first, stream.wire)
 
     with admission.keep_leases(services, admitted):
         result = await _route(services, call, admitted, attempt)
@@ -197,24 +199,33 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
     services.metrics.ttft_child(call.route, call.group).observe(first_token_s)
 
     async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
-        events: list[dict[str, Any]] = []
+        # Every event is kept for the outcome (response cache, response id); one the
+        # upstream wrote as the client's API would is kept as its bytes, decoded again
+        # at the end. Thousands of streams holding every chunk as dicts made the garbage
+        # collector walk millions of them (bench/results/w6-stream.md, change 2).
+        kept: list[dict[str, Any] | bytes] = []
         error: ProviderError | None = None
         finished = False
         try:
             with admission.keep_leases(services, admitted):  # a stream past lease_s
-                event = opened.first
+                stream = opened.stream
+                event, wire = opened.first, opened.first_wire
                 while event is not None:
                     # Events the upstream's last read brought together leave in one write
-                    # (a write costs more than the event's own work).
+                    # (a write costs more than the event's own work). An event the
+                    # upstream wrote as the client's API would goes on as it came (wire).
                     burst: list[bytes] = []
                     while event is not None:
-                        events.append(event)
+                        kept.append(event if wire is None else wire)
                         if _forward(call, event):
-                            burst.append(sse.encode(call.api, event))
-                        event = opened.stream.next_nowait()
+                            burst.append(wire if wire is not None
+                                         else sse.encode(call.api, event))
+                        event = stream.next_nowait()
+                        wire = stream.wire
                     if burst:
                         await write(b"".join(burst))
                     event = await anext(opened.events, None)
+                    wire = stream.wire
             await write(sse.end(call.api))
             finished = True
         except ProviderError as exc:
@@ -225,7 +236,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                 await opened.stack.aclose()
             usage = opened.stream.usage
             outcome = settlement.succeeded(
-                result, usage, events=events if finished else None,
+                result, usage, events=_decoded(kept) if finished else None,
                 status="success" if finished else ("error" if error else "cancelled"),
             )
             # settle() bounds its callbacks by post_call_deadline_s; this bounds the rest.
@@ -238,6 +249,19 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
     response = StreamResponse(produce, headers=headers)
     admitted.handed_off = True  # ``produce`` settles, and StreamResponse always runs it
     return response
+
+
+def _decoded(kept: list[dict[str, Any] | bytes]) -> list[dict[str, Any]]:
+    """A stream's events as dicts: the ``data: {json}`` wire bytes decoded again, as one
+    JSON array (one ``loads`` call, not one per event)."""
+    raw = [memoryview(e)[6:-2] for e in kept if isinstance(e, bytes)]
+    if not raw:
+        return kept  # type: ignore[return-value]  # dicts only
+    decoded: list[dict[str, Any]] = orjson.loads(b"[%b]" % b",".join(raw))
+    if len(raw) == len(kept):
+        return decoded
+    objects = iter(decoded)
+    return [next(objects) if isinstance(e, bytes) else e for e in kept]
 
 
 def _forward(call: Call, event: dict[str, Any]) -> bool:

@@ -156,15 +156,18 @@ async def open_sse_response(
         ProviderStatusError: the upstream answered an error status (its body attached).
         ProviderTimeout, ProviderConnectError: as :func:`map_exceptions`.
     """
-    request = client.build_request(
-        "POST",
-        url,
-        content=orjson.dumps(body),
-        headers={"content-type": "application/json", "accept": "text/event-stream", **headers},
-        timeout=request_timeout(timeout_s),
-    )
+    all_headers = {"content-type": "application/json", "accept": "text/event-stream",
+                   **headers}
+    fast = transport_of(client)
     with map_exceptions():
-        response = await client.send(request, stream=True)
+        if fast is not None:  # the gateway's own client: skip httpx's layers (as post_json)
+            response = await fast.open_stream(url, headers=all_headers,
+                                              content=orjson.dumps(body), timeout_s=timeout_s)
+        else:
+            request = client.build_request("POST", url, content=orjson.dumps(body),
+                                           headers=all_headers,
+                                           timeout=request_timeout(timeout_s))
+            response = await client.send(request, stream=True)
     try:
         if response.status_code >= 400:
             with map_exceptions():

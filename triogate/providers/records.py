@@ -111,6 +111,13 @@ class ProviderStream(Protocol):
     @property
     def usage(self) -> Usage: ...
 
+    @property
+    def wire(self) -> bytes | None:
+        """The event handed out last as it goes on the wire to a client of the same API
+        (SSE framing included: for chat, ``data: <its JSON>`` and a blank line), or
+        None: the caller encodes it."""
+        ...
+
 
 class Provider(Protocol):
     """An upstream model provider (OpenAI-compatible, Anthropic, mock)."""

@@ -94,6 +94,11 @@ class TranslatedStream:
         """Reported usage once the upstream sent it; else counted so far."""
         return self._tracker.usage
 
+    @property
+    def wire(self) -> bytes | None:
+        """Always None: translated events are encoded by the caller."""
+        return None
+
     def __aiter__(self) -> TranslatedStream:
         return self
 

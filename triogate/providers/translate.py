@@ -239,11 +239,15 @@ class ChatPassthrough:
         self._usage_seen = False
 
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        self.observe(event)
+        return [dict(event)]
+
+    def observe(self, event: Mapping[str, Any]) -> None:
+        """What ``finish`` needs of an event that goes on as it is (``rawchat.py``)."""
         self._id = event.get("id", self._id)
         self._model = event.get("model", self._model)
         if isinstance(event.get("usage"), dict):
             self._usage_seen = True
-        return [dict(event)]
 
     def finish(self, usage: Usage) -> list[dict[str, Any]]:
         if self._usage_seen:

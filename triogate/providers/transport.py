@@ -10,6 +10,8 @@ checks only that one: expiry, and whether the server closed it), a finished resp
 pushes it back. Parsing is the minimum HTTP/1.1 an upstream API needs: a status line,
 headers, and a body framed by ``Content-Length``, ``chunked`` or the connection's end.
 Content decoding (gzip, ...), redirects (off), auth and the request's shape stay httpx's.
+The wire side of one connection (writing the request, reading the head and the body) is
+:mod:`.http1`.
 
 It sits *under* httpx's API (``httpx.AsyncClient(transport=UpstreamTransport(...))``), so
 callers, timeouts (``connect``, ``read``, ``write``, ``pool``) and exception classes are
@@ -19,7 +21,6 @@ httpx's: ``ConnectError``, ``ConnectTimeout``, ``ReadError``, ``ReadTimeout``,
 
 from __future__ import annotations
 
-import os
 import ssl
 import weakref
 from typing import TYPE_CHECKING, final
@@ -27,15 +28,21 @@ from typing import TYPE_CHECKING, final
 import httpx
 import trio
 
+from triogate.providers.http1 import (
+    UpstreamBody,
+    UpstreamConnection,
+    read_exactly,
+    read_head,
+    send_request,
+)
+
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import Mapping
 
-_MAX_HEAD_BYTES = 64 * 1024
-_READ_SIZE = 65536
+    from triogate.providers.http1 import Origin
+
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
-_NO_BODY_STATUS = frozenset((204, 304))
 
-Origin = tuple[bytes, bytes, int]
 
 #: Seconds a connection attempt may take at most.
 CONNECT_TIMEOUT_S = 10.0
@@ -50,325 +57,17 @@ def transport_of(client: httpx.AsyncClient) -> UpstreamTransport | None:
     return _TRANSPORTS.get(client)
 
 
+def body_of(response: httpx.Response) -> UpstreamBody | None:
+    """The transport body under ``response`` (httpx binds it in a ``BoundAsyncStream``,
+    whose ``_stream`` it is), or None for a response from another transport."""
+    stream = getattr(response.stream, "_stream", response.stream)
+    return stream if isinstance(stream, UpstreamBody) else None
+
+
 def register(client: httpx.AsyncClient, transport: UpstreamTransport) -> httpx.AsyncClient:
     """Remember that ``client`` sends through ``transport`` (for the fast path)."""
     _TRANSPORTS[client] = transport
     return client
-
-
-@final
-class _Connection:
-    """One upstream connection and the bytes read from it but not consumed yet."""
-
-    __slots__ = ("buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
-
-    def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
-        self.origin = origin
-        self.stream = stream
-        self.socket = socket
-        # Plain TCP is read off the socket itself: SocketStream.receive_some only adds a
-        # conflict detector and a contextmanager that turns OSError into stream errors,
-        # once per upstream read (per stream chunk); OSError is mapped below anyway.
-        self.plain = isinstance(stream, trio.SocketStream)
-        self.fd = socket.fileno()
-        self.buffer = bytearray()
-        self.idle_since = 0.0
-
-    async def receive(self, timeout_s: float | None, request: httpx.Request | None) -> bytes:
-        """Some bytes (b"" at the end of the stream), within ``timeout_s`` (None: the
-        caller's deadline bounds it)."""
-        # A bare CancelScope, not fail_after: this runs once per upstream read (per stream
-        # chunk), and fail_after's contextmanager layer cost more than the read's own work.
-        try:
-            if timeout_s is None:
-                if self.plain:
-                    return await self._read()
-                return bytes(await self.stream.receive_some(_READ_SIZE))
-            with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
-                if self.plain:
-                    return await self._read()
-                return bytes(await self.stream.receive_some(_READ_SIZE))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
-        assert scope.cancelled_caught
-        raise httpx.ReadTimeout("upstream read timed out", request=request)
-
-    async def _read(self) -> bytes:
-        """``socket.recv`` without trio's wrapper (an async context manager per call):
-        read, or wait until readable and read. Always a checkpoint, as ``recv`` is: a
-        stream whose upstream keeps its socket readable must still let others run."""
-        await trio.lowlevel.checkpoint_if_cancelled()  # before consuming, as recv does
-        try:
-            data = os.read(self.fd, _READ_SIZE)
-        except BlockingIOError:
-            pass
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
-        while True:
-            await trio.lowlevel.wait_readable(self.fd)
-            try:
-                return os.read(self.fd, _READ_SIZE)
-            except BlockingIOError:
-                continue
-
-    async def close(self) -> None:
-        await trio.aclose_forcefully(self.stream)
-
-
-def _parse_head(
-    head: bytes, request: httpx.Request | None
-) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool]:
-    """Status, reason, headers and whether the connection may be kept alive."""
-    lines = head.split(b"\r\n")
-    status_line = lines[0].split(b" ", 2)
-    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/1."):
-        raise httpx.RemoteProtocolError(f"bad status line {lines[0][:100]!r}", request=request)
-    try:
-        status = int(status_line[1])
-    except ValueError:
-        raise httpx.RemoteProtocolError(
-            f"bad status line {lines[0][:100]!r}", request=request
-        ) from None
-    headers = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise httpx.RemoteProtocolError(f"bad header line {line[:100]!r}", request=request)
-        headers.append((name, value.strip()))
-    reason = status_line[2] if len(status_line) > 2 else b""
-    keep = status_line[0] == b"HTTP/1.1"
-    for name, value in headers:
-        if name.lower() == b"connection":
-            tokens = {t.strip().lower() for t in value.split(b",")}
-            keep = b"close" not in tokens and (keep or b"keep-alive" in tokens)
-    return status, reason, headers, keep
-
-
-@final
-class _Body(httpx.AsyncByteStream):
-    """A response body read off its connection; hands the connection back at its end."""
-
-    def __init__(
-        self,
-        transport: UpstreamTransport,
-        conn: _Connection,
-        request: httpx.Request | None,
-        *,
-        length: int | None,
-        chunked: bool,
-        keep_alive: bool,
-        read_timeout: float | None,
-    ) -> None:
-        self._transport = transport
-        self._conn: _Connection | None = conn
-        self._request = request
-        self._length = length
-        self._chunked = chunked
-        self._keep_alive = keep_alive and (length is not None or chunked)
-        self._timeout = read_timeout
-        self._done = False
-
-    async def _more(self) -> bytes:
-        assert self._conn is not None
-        data = await self._conn.receive(self._timeout, self._request)
-        return data
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn = self._conn
-        if conn is None:
-            raise httpx.StreamClosed()
-        buf = conn.buffer
-        if self._length is not None:
-            left = self._length
-            if buf:
-                piece = bytes(buf[:left])
-                del buf[:left]
-                left -= len(piece)
-                if piece:
-                    yield piece
-            while left > 0:
-                data = await self._more()
-                if not data:
-                    raise httpx.RemoteProtocolError(
-                        "upstream closed the connection mid-body", request=self._request
-                    )
-                if len(data) > left:
-                    buf += data[left:]
-                    data = data[:left]
-                left -= len(data)
-                yield data
-        elif self._chunked:
-            async for piece in self._chunks(conn):
-                yield piece
-        else:  # until the connection closes
-            if buf:
-                piece = bytes(buf)
-                buf.clear()
-                yield piece
-            while data := await self._more():
-                yield data
-        self._done = True
-        await self.aclose()
-
-    async def _line(self, conn: _Connection) -> bytes:
-        buf = conn.buffer
-        while (end := buf.find(b"\r\n")) < 0:
-            if len(buf) > _MAX_HEAD_BYTES:
-                raise httpx.RemoteProtocolError("chunk header too long", request=self._request)
-            data = await self._more()
-            if not data:
-                raise httpx.RemoteProtocolError(
-                    "upstream closed the connection mid-body", request=self._request
-                )
-            buf += data
-        line = bytes(buf[:end])
-        del buf[: end + 2]
-        return line
-
-    async def _chunks(self, conn: _Connection) -> AsyncIterator[bytes]:
-        buf = conn.buffer
-        while True:
-            size_line = await self._line(conn)
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise httpx.RemoteProtocolError(
-                    f"bad chunk size {size_line[:40]!r}", request=self._request
-                ) from None
-            if size == 0:
-                while await self._line(conn):  # trailers, up to the empty line
-                    pass
-                return
-            while len(buf) < size + 2:
-                data = await self._more()
-                if not data:
-                    raise httpx.RemoteProtocolError(
-                        "upstream closed the connection mid-chunk", request=self._request
-                    )
-                buf += data
-            piece = bytes(buf[:size])
-            if buf[size : size + 2] != b"\r\n":
-                raise httpx.RemoteProtocolError("chunk without CRLF", request=self._request)
-            del buf[: size + 2]
-            # Chunks the same read brought leave together: a stream that fell behind
-            # catches up in one pass downstream (one SSE parse and one client write
-            # per read, not per chunk).
-            pieces = [piece]
-            while (more := _buffered_chunk(buf)) is not None:
-                pieces.append(more)
-            yield piece if len(pieces) == 1 else b"".join(pieces)
-
-    async def aclose(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        await self._transport._release(conn, reuse=self._done and self._keep_alive)
-
-
-def _buffered_chunk(buf: bytearray) -> bytes | None:
-    """Take the next data chunk if it is whole in ``buf``; else None and ``buf`` as it
-    was (an incomplete, last or malformed chunk is left for ``_Body._chunks``)."""
-    end = buf.find(b"\r\n")
-    if end < 0:
-        return None
-    try:
-        size = int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
-    except ValueError:
-        return None
-    start = end + 2
-    if size == 0 or len(buf) < start + size + 2 or buf[start + size : start + size + 2] != b"\r\n":
-        return None
-    piece = bytes(buf[start : start + size])
-    del buf[: start + size + 2]
-    return piece
-
-
-async def _send(
-    conn: _Connection, data: bytes, timeout_s: float | None, request: httpx.Request | None
-) -> None:
-    """Write ``data`` within ``timeout_s`` (None: the caller's deadline bounds it).
-
-    On plain TCP, one ``os.write`` first (a request fits the socket buffer): trio's
-    ``send_all`` adds a conflict detector, an async context manager and a scheduler pass
-    even when the kernel takes everything at once. Not a checkpoint then: every caller
-    reads the answer next, which waits.
-    """
-    try:
-        if conn.plain:
-            try:
-                sent = os.write(conn.fd, data)
-            except BlockingIOError:
-                sent = 0
-            if sent == len(data):
-                return
-            data = data[sent:]
-        if timeout_s is None:
-            await conn.stream.send_all(data)
-        else:
-            with trio.fail_after(timeout_s):
-                await conn.stream.send_all(data)
-    except trio.TooSlowError as exc:
-        raise httpx.WriteTimeout("upstream write timed out", request=request) from exc
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-        raise httpx.WriteError(f"upstream write failed: {exc!r}", request=request) from exc
-
-
-async def _read_head(
-    conn: _Connection, read_timeout: float | None, request: httpx.Request | None, *,
-    head_request: bool,
-) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool, int | None, bool]:
-    """Read a response head (skipping 1xx): status, reason, headers, keep-alive, and the
-    body's framing (``Content-Length`` or None, chunked)."""
-    buf = conn.buffer
-    while True:
-        while (end := buf.find(b"\r\n\r\n")) < 0:
-            if len(buf) > _MAX_HEAD_BYTES:
-                raise httpx.RemoteProtocolError("response head too long", request=request)
-            data = await conn.receive(read_timeout, request)
-            if not data:
-                raise httpx.RemoteProtocolError(
-                    "Server disconnected without sending a response.", request=request
-                )
-            buf += data
-        head = bytes(buf[:end])
-        del buf[: end + 4]
-        status, reason, headers, keep_alive = _parse_head(head, request)
-        if not 100 <= status < 200 or status == 101:
-            break
-    length: int | None = None
-    chunked = False
-    for name, value in headers:
-        lname = name.lower()
-        if lname == b"transfer-encoding":
-            chunked = value.lower().split(b",")[-1].strip() == b"chunked"
-        elif lname == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                raise httpx.RemoteProtocolError(
-                    f"bad content-length {value[:40]!r}", request=request
-                ) from None
-    if chunked:
-        length = None
-    if head_request or status in _NO_BODY_STATUS:
-        length, chunked = 0, False
-    return status, reason, headers, keep_alive, length, chunked
-
-
-async def _read_exactly(conn: _Connection, length: int) -> bytes:
-    """The next ``length`` bytes of the connection (a ``Content-Length`` body)."""
-    buf = conn.buffer
-    while len(buf) < length:
-        data = await conn.receive(None, None)
-        if not data:
-            raise httpx.RemoteProtocolError("upstream closed the connection mid-body")
-        buf += data
-    body = bytes(buf[:length])
-    del buf[:length]
-    return body
 
 
 def _post_prefix(url: str, headers: Mapping[str, str]) -> tuple[Origin, bytes]:
@@ -426,7 +125,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self._max_idle = max_keepalive_connections
         self._expiry_s = keepalive_expiry_s
         self._ssl_context = ssl_context
-        self._idle: dict[Origin, list[_Connection]] = {}
+        self._idle: dict[Origin, list[UpstreamConnection]] = {}
         self._prefixes: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Origin, bytes]] = {}
         #: Connections opened so far (tests and benchmarks read it).
         self.connections_opened = 0
@@ -453,7 +152,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                     await self._slots.acquire()
         except trio.TooSlowError as exc:
             raise httpx.PoolTimeout("no upstream connection free", request=request) from exc
-        conn: _Connection | None = None
+        conn: UpstreamConnection | None = None
         try:
             conn = self._pop_idle(origin)
             if conn is None:
@@ -466,7 +165,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 await conn.close()
             raise
 
-    def _pop_idle(self, origin: Origin) -> _Connection | None:
+    def _pop_idle(self, origin: Origin) -> UpstreamConnection | None:
         stack = self._idle.get(origin)
         now = trio.current_time()
         # The oldest sit at the bottom: expire them too, or after a burst they would stay
@@ -481,13 +180,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             self._discard(conn)
         return None
 
-    def _discard(self, conn: _Connection) -> None:
+    def _discard(self, conn: UpstreamConnection) -> None:
         # Forceful close of an idle connection needs no await: close the socket itself.
         conn.socket.close()
 
     async def _connect(
         self, origin: Origin, request: httpx.Request | None, timeout_s: float | None
-    ) -> _Connection:
+    ) -> UpstreamConnection:
         scheme, host, port = origin
         hostname = host.decode("ascii")
         try:
@@ -513,10 +212,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(f"cannot connect to {hostname}:{port}: {exc}",
                                      request=request) from exc
         self.connections_opened += 1
-        return _Connection(origin, stream, tcp.socket)
+        return UpstreamConnection(origin, stream, tcp.socket)
 
     async def _exchange(
-        self, conn: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
+        self, conn: UpstreamConnection, request: httpx.Request, timeouts: dict[str, float | None]
     ) -> httpx.Response:
         url = request.url
         target = url.raw_path
@@ -529,13 +228,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         else:
             content = b"".join([chunk async for chunk in request.stream])  # type: ignore[union-attr]
         parts.append(content)
-        await _send(conn, b"".join(parts), timeouts.get("write"), request)
+        await send_request(conn, b"".join(parts), timeouts.get("write"), request)
         read_timeout = timeouts.get("read")
-        status, reason, headers, keep_alive, length, chunked = await _read_head(
+        status, reason, headers, keep_alive, length, chunked = await read_head(
             conn, read_timeout, request, head_request=request.method == "HEAD")
         if request.headers.get("connection", "").lower() == "close":
             keep_alive = False
-        body = _Body(self, conn, request, length=length, chunked=chunked,
+        body = UpstreamBody(self, conn, request, length=length, chunked=chunked,
                      keep_alive=keep_alive, read_timeout=read_timeout)
         return httpx.Response(
             status,
@@ -544,7 +243,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
         )
 
-    async def _release(self, conn: _Connection, *, reuse: bool) -> None:
+    async def release(self, conn: UpstreamConnection, *, reuse: bool) -> None:
         self._slots.release()
         if reuse and not conn.buffer:
             stack = self._idle.setdefault(conn.origin, [])
@@ -566,16 +265,65 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         :data:`CONNECT_TIMEOUT_S` of it). Errors are httpx's (a timeout:
         ``httpx.TimeoutException``, or ``ConnectTimeout``).
         """
+        prefix = self._prefix(url, headers)
+        # A bare scope, not fail_after (a generator context manager around the same scope).
+        with trio.CancelScope(deadline=trio.current_time() + timeout_s):
+            return await self._post(prefix, content, timeout_s)
+        raise httpx.TimeoutException(f"upstream call took over {timeout_s} s")
+
+    async def open_stream(
+        self, url: str, *, headers: Mapping[str, str], content: bytes, timeout_s: float
+    ) -> httpx.Response:
+        """POST ``content`` and return the response once its head is read; its body
+        (``stream``, a transport body: ``read_some``) is read by the caller, who must
+        close the response.
+
+        The hot path of a streamed upstream call, as :meth:`post` is of a whole one:
+        no ``httpx.Request``, no URL parsing per call (the head up to
+        ``Content-Length`` is kept per url and headers), no cookie or redirect layers;
+        the request asks for no content coding. ``timeout_s`` bounds the wait for a
+        connection slot, the connect (at most :data:`CONNECT_TIMEOUT_S`), the write,
+        and then each read, body reads included (httpx's ``read`` timeout). Errors are
+        httpx's (a timeout: ``httpx.TimeoutException``; the slot: ``PoolTimeout``).
+        """
+        origin, head = self._prefix(url, headers)
+        await trio.lowlevel.checkpoint_if_cancelled()  # before anything is sent
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            acquired = False
+            with trio.move_on_after(timeout_s):
+                await self._slots.acquire()
+                acquired = True
+            if not acquired:
+                raise httpx.PoolTimeout("no upstream connection free") from None
+        conn: UpstreamConnection | None = None
+        try:
+            conn = self._pop_idle(origin)
+            if conn is None:
+                conn = await self._connect(origin, None, min(timeout_s, CONNECT_TIMEOUT_S))
+            await send_request(conn, b"".join((head, b"content-length: %d\r\n\r\n" % len(content),
+                                        content)), timeout_s, None)
+            status, reason, raw_headers, keep_alive, length, chunked = await read_head(
+                conn, timeout_s, None, head_request=False)
+        except BaseException:
+            self._slots.release()  # first: a cancelled close re-raises Cancelled
+            if conn is not None:
+                await conn.close()
+            raise
+        body = UpstreamBody(self, conn, None, length=length, chunked=chunked,
+                     keep_alive=keep_alive, read_timeout=timeout_s)
+        return httpx.Response(status, headers=raw_headers, stream=body,
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
+
+    def _prefix(self, url: str, headers: Mapping[str, str]) -> tuple[Origin, bytes]:
         key = (url, tuple(headers.items()))
         prefix = self._prefixes.get(key)
         if prefix is None:
             if len(self._prefixes) >= _MAX_PREFIXES:
                 self._prefixes.clear()
             prefix = self._prefixes[key] = _post_prefix(url, headers)
-        # A bare scope, not fail_after (a generator context manager around the same scope).
-        with trio.CancelScope(deadline=trio.current_time() + timeout_s):
-            return await self._post(prefix, content, timeout_s)
-        raise httpx.TimeoutException(f"upstream call took over {timeout_s} s")
+        return prefix
 
     async def _post(
         self, prefix: tuple[Origin, bytes], content: bytes, timeout_s: float
@@ -589,18 +337,18 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             await self._slots.acquire()
-        conn: _Connection | None = None
-        handed = False  # the slot and the connection belong to a _Body
+        conn: UpstreamConnection | None = None
+        handed = False  # the slot and the connection belong to an UpstreamBody
         try:
             conn = self._pop_idle(origin)
             if conn is None:
                 conn = await self._connect(origin, None, min(timeout_s, CONNECT_TIMEOUT_S))
-            await _send(conn, b"".join((head, b"content-length: %d\r\n\r\n" % len(content),
+            await send_request(conn, b"".join((head, b"content-length: %d\r\n\r\n" % len(content),
                                         content)), None, None)
-            status, _, _, keep_alive, length, chunked = await _read_head(
+            status, _, _, keep_alive, length, chunked = await read_head(
                 conn, None, None, head_request=False)
             if length is None:  # chunked, or up to the connection's end
-                body = _Body(self, conn, None, length=None, chunked=chunked,
+                body = UpstreamBody(self, conn, None, length=None, chunked=chunked,
                              keep_alive=keep_alive, read_timeout=None)
                 handed = True
                 try:
@@ -608,14 +356,14 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 finally:
                     await body.aclose()
                 return status, b"".join(chunks)
-            content = await _read_exactly(conn, length)
+            content = await read_exactly(conn, length)
         except BaseException:
             if not handed:
                 self._slots.release()  # first: a cancelled close re-raises Cancelled
                 if conn is not None:
                     await conn.close()
             raise
-        await self._release(conn, reuse=keep_alive)
+        await self.release(conn, reuse=keep_alive)
         return status, content
 
     async def aclose(self) -> None:

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json, upstream_body
+from triogate.providers.rawchat import RawChatStream, body_reader
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sse import SSESource
 from triogate.providers.streaming import TranslatedStream, check_streamable
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
+from triogate.providers.translate import ChatPassthrough
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -75,7 +77,7 @@ async def open_hub_stream(
     url: str,
     headers: Mapping[str, str],
     created_s: int,
-) -> AsyncIterator[TranslatedStream]:
+) -> AsyncIterator[TranslatedStream | RawChatStream]:
     """A streamed call through an upstream speaking ``hub``.
 
     Entering sends the request and checks the status (a checkpoint); leaving closes the
@@ -90,8 +92,10 @@ async def open_hub_stream(
     async with open_sse_response(
         client, url, headers=headers, body=request, timeout_s=deployment.stream_timeout_s
     ) as response:
-        yield TranslatedStream(
-            SSESource(response),
-            hub.tracker(input_tokens=input_tokens),
-            hub.translator(api, request=body, input_tokens=input_tokens, created_s=created_s),
-        )
+        tracker = hub.tracker(input_tokens=input_tokens)
+        translator = hub.translator(api, request=body, input_tokens=input_tokens,
+                                    created_s=created_s)
+        if isinstance(translator, ChatPassthrough):  # chat to chat: the upstream's bytes
+            yield RawChatStream(body_reader(response), tracker, translator)
+        else:
+            yield TranslatedStream(SSESource(response), tracker, translator)

@@ -1,0 +1,244 @@
+"""A chat upstream's stream to a chat client: the upstream's own event bytes go on.
+
+When client and upstream both speak OpenAI chat completions, the general path
+(:class:`~triogate.providers.sse.SSESource` -> :class:`~triogate.providers.streaming.
+TranslatedStream` -> ``api/sse.encode``) turns every event into a ``ServerSentEvent``,
+then a dict, copies the dict (the passthrough translator) and encodes it again, one event
+per step through httpx's body iterators. :class:`RawChatStream` does the same job with
+the bytes one upstream read brought:
+
+* the body is read with ``UpstreamBody.read_some`` (:mod:`.http1`): all the whole chunks a
+  read brought at once, no generator layers;
+* an event written the usual way, ``data: <json>`` and a blank line (LF only), is cut out
+  of the bytes as it is; its JSON is parsed once (usage tracking, the
+  ``include_usage`` filter and the response cache need the dict) and its bytes are handed
+  on as :attr:`RawChatStream.wire`, so the client gets what the upstream sent;
+* anything else (a comment, ``event:`` or ``id:`` fields, several ``data:`` lines, CR
+  line ends) goes through :class:`~triogate.providers.sse.SSEDecoder` as before and has
+  no wire bytes: the caller encodes it, as it does the usage chunk
+  :class:`~triogate.providers.translate.ChatPassthrough` adds at the end.
+
+Events, usage, errors and their order are those of the general path.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import trio
+
+from triogate.errors import ProviderError, ProviderProtocolError
+from triogate.providers.http import SHAPE_ERRORS, map_exceptions
+from triogate.providers.sse import SSEDecoder
+from triogate.providers.transport import body_of
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    import httpx
+
+    from triogate.providers.records import Usage
+    from triogate.providers.translate import ChatPassthrough
+    from triogate.providers.usage import UsageTracker
+
+_PREFIX = b"data: "
+_DONE = b"[DONE]"
+
+# One entry of the queue: an event and its wire bytes (None: encode it), or the error
+# that ends the stream at that point.
+_Item = tuple[dict[str, Any], bytes | None] | ProviderError
+
+
+def body_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
+    """``read()``: the next bytes of ``response``'s body, b"" at its end (a checkpoint).
+
+    The gateway's own transport's body is read directly; any other (a test's
+    ``MockTransport``, a content-coded body) through httpx's decoded iterator.
+    """
+    coding = response.headers.get("content-encoding", "identity").strip().lower()
+    body = body_of(response) if coding in ("", "identity") else None
+    if body is not None:
+        return body.read_some
+    chunks = response.aiter_bytes()
+
+    async def read() -> bytes:
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            await trio.lowlevel.checkpoint()
+            return b""
+
+    return read
+
+
+class RawChatStream:
+    """The ProviderStream of a chat upstream for a chat client (see the module).
+
+    Each event handed out (by ``__anext__`` or ``next_nowait``) sets :attr:`wire`: its
+    bytes as the upstream sent them, ``data: ...`` and the blank line, or None when the
+    caller must encode it. Each step is a checkpoint: the read, or a yield for an event
+    already read.
+    """
+
+    def __init__(self, read: Callable[[], Awaitable[bytes]], tracker: UsageTracker,
+                 translator: ChatPassthrough) -> None:
+        self._read = read
+        self._tracker = tracker
+        self._translator = translator
+        self._buffer = b""  # bytes after the last whole event
+        self._decoder: SSEDecoder | None = None  # once a CR showed up: for the rest
+        self._general = SSEDecoder()  # for events of another form
+        self._pending: collections.deque[_Item] = collections.deque()
+        self._ended = False  # [DONE], the body's end, or an error queued
+        self._finished = False  # the translator's finish events queued (or an error)
+        #: The wire bytes of the event handed out last; None: encode it.
+        self.wire: bytes | None = None
+
+    @property
+    def usage(self) -> Usage:
+        """Reported usage once the upstream sent it; else counted so far."""
+        return self._tracker.usage
+
+    def __aiter__(self) -> RawChatStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._pending:
+            await trio.lowlevel.checkpoint()
+        while not self._pending:
+            if self._finished:
+                raise StopAsyncIteration
+            if self._ended:
+                self._finish()
+                continue
+            try:
+                data = await self._read()
+            except Exception:
+                with map_exceptions():
+                    raise
+            if data:
+                self._take(data)
+            else:
+                self._end()
+        return self._next()
+
+    def next_nowait(self) -> dict[str, Any] | None:
+        """The next event if no read is needed for it (a burst the last read brought,
+        or the finish events after [DONE]); else None. Not a checkpoint; never raises
+        (an error waits for ``__anext__``)."""
+        if not self._pending:
+            if not self._ended or self._finished:
+                return None
+            self._finish()
+        if not self._pending or isinstance(self._pending[0], ProviderError):
+            return None
+        return self._next()
+
+    def _next(self) -> dict[str, Any]:
+        item = self._pending.popleft()
+        if isinstance(item, ProviderError):
+            self._pending.clear()
+            self._ended = self._finished = True
+            raise item
+        event, self.wire = item
+        return event
+
+    # ------------------------------------------------------------------ parsing
+
+    def _take(self, data: bytes) -> None:
+        """Queue the events ``data`` completes."""
+        if self._ended:
+            return
+        if self._decoder is not None:
+            self._decoded(self._decoder.feed(data))
+            return
+        buf = self._buffer + data if self._buffer else data
+        if b"\r" in data:  # CR line ends: the general parser from here on
+            self._buffer = b""
+            self._decoder = SSEDecoder()
+            self._decoded(self._decoder.feed(buf))
+            return
+        start = 0
+        while not self._ended:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            if buf.startswith(_PREFIX, start) and buf.find(b"\n", start, end) < 0:
+                wire = buf[start : end + 2]
+                self._event(wire[6:-2], wire)
+            elif end > start:
+                self._decoded(self._general.feed(buf[start : end + 2]))
+            start = end + 2
+        self._buffer = buf[start:]
+
+    def _end(self) -> None:
+        """The body ended: what is left is dispatched (an unterminated last event)."""
+        if not self._ended:
+            decoder = self._decoder or SSEDecoder()
+            self._decoded(decoder.feed(self._buffer) + decoder.close())
+        self._buffer = b""
+        self._ended = True
+
+    def _decoded(self, events: list[Any]) -> None:
+        for sse in events:
+            if self._ended:
+                return
+            self._event(sse.data, None)
+
+    def _event(self, data: bytes | str, wire: bytes | None) -> None:
+        """One event's data: [DONE] ends the stream; else a JSON object, observed."""
+        if data.strip() == (_DONE if isinstance(data, bytes) else "[DONE]"):
+            self._ended = True
+            return
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            error = ProviderProtocolError(
+                f"upstream stream event is not JSON: {_text(data)[:200]!r}")
+            error.__cause__ = exc
+            self._fail(error)
+            return
+        if not isinstance(value, dict):
+            self._fail(ProviderProtocolError(
+                f"upstream stream event is not an object: {_text(data)[:200]!r}"))
+            return
+        try:
+            self._tracker.observe(value)
+            self._translator.observe(value)
+        except ProviderError as exc:  # an in-stream error object
+            self._fail(exc)
+            return
+        except SHAPE_ERRORS as exc:
+            error = ProviderProtocolError(
+                f"upstream stream event has an unexpected shape: {exc!r}")
+            error.__cause__ = exc
+            self._fail(error)
+            return
+        self._pending.append((value, wire))
+
+    def _finish(self) -> None:
+        """After the last event: the stream must be complete; the closing events."""
+        self._finished = True
+        try:
+            self._tracker.check_complete()
+            events = self._translator.finish(self._tracker.usage)
+        except ProviderError as exc:
+            self._pending.append(exc)
+            return
+        except SHAPE_ERRORS as exc:
+            error = ProviderProtocolError(
+                f"upstream stream event has an unexpected shape: {exc!r}")
+            error.__cause__ = exc
+            self._pending.append(error)
+            return
+        self._pending.extend((event, None) for event in events)
+
+    def _fail(self, error: ProviderError) -> None:
+        self._pending.append(error)
+        self._ended = self._finished = True
+
+
+def _text(data: bytes | str) -> str:
+    return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
