@@ -176,6 +176,7 @@ async def open_gateway(
             dead_letters=DeadLetterFile(state_dir / "dead-letter.jsonl"), scripts=lua_scripts(),
             on_settled=settled, clock_ms=clock_ms,
             merges=[budgets.SETTLE_MERGE] if settings.governance.merge_settlements else [],
+            delay_s=settings.post_call_settle_delay_s,
         )
         await nursery.start(settler.run)
         providers = await stack.enter_async_context(
