@@ -135,6 +135,13 @@ def main() -> None:
                     if pr:
                         print(f"    gc={pr['gc']} flush={pr['flush']} thread={pr['thread']} "
                               f"requests={pr['requests']}", flush=True)
+                        print(f"    latency by overlap {pr.get('latency')}", flush=True)
+                        if pr.get("cycles"):
+                            top = sorted(pr["cycles"].items(), key=lambda kv: -kv[1])[:12]
+                            print(f"    objects in cycles {top}", flush=True)
+                        if pr.get("young"):
+                            top = sorted(pr["young"].items(), key=lambda kv: -kv[1])[:12]
+                            print(f"    objects a collection walked {top}", flush=True)
     finally:
         for g, *_ in gws:
             g.stop()

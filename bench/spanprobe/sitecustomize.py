@@ -6,11 +6,19 @@ end of its pre-call work), ``Settler._flush`` (post-call group commits) and
 ``trio.to_thread.run_sync`` (worker-thread jobs), and times every collector pass
 (``gc.callbacks``). Every 5 s it writes one JSON line to stderr, prefixed ``spanprobe``:
 
-* ``gc``: passes per generation and a histogram of their durations;
+* ``gc``: per generation, passes, their milliseconds, a histogram of their durations,
+  and the objects they collected;
 * ``flush``: settler flushes, how many started while a request was in its pre-call
   work, the milliseconds of those overlaps, and the delay from the previous response
   to the flush's start;
-* ``thread``: worker-thread jobs and their milliseconds.
+* ``thread``: worker-thread jobs and their milliseconds;
+* ``latency``: per set of what a request overlapped (``gc``: a collector pass ran while
+  it was served; ``thread``: a worker-thread job; ``flush``: a settler flush during its
+  pre-call work; ``-``: none), a histogram of the requests' latencies in the worker
+  (:data:`LATENCY_MS` buckets): which of them make the tail.
+
+With ``SPANPROBE_SAVEALL=1`` the collector keeps what it finds (``gc.DEBUG_SAVEALL``) and
+each line also counts the types of the objects found in reference cycles (``cycles``).
 """
 
 from __future__ import annotations
@@ -24,14 +32,15 @@ import time
 from typing import Any
 
 BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 1e9)
+LATENCY_MS = (22, 23, 24, 25, 26, 28, 30, 35, 40, 60, 1e9)
 
 
 def _hist() -> list[int]:
     return [0] * len(BUCKETS_MS)
 
 
-def _add(hist: list[int], ms: float) -> None:
-    for i, bound in enumerate(BUCKETS_MS):
+def _add(hist: list[int], ms: float, buckets: tuple[float, ...] = BUCKETS_MS) -> None:
+    for i, bound in enumerate(buckets):
         if ms <= bound:
             hist[i] += 1
             return
@@ -45,17 +54,32 @@ def install() -> None:
     from triogate.batch import _settler
 
     stats: dict[str, Any] = {
-        "gc": {g: [0, 0.0, _hist()] for g in (0, 1, 2)},
+        "gc": {g: [0, 0.0, _hist(), 0] for g in (0, 1, 2)},  # passes, ms, hist, collected
         "flush": {"n": 0, "in_precall": 0, "overlap_ms": 0.0, "flush_ms": 0.0,
                   "since_response_ms": _hist(), "flush_ms_hist": _hist()},
         "thread": {"n": 0, "ms": 0.0, "hist": _hist()},
         "requests": 0,
+        "latency": {},
+        "cycles": {},
     }
-    state = {"precall_start": None, "last_response": 0.0, "gc_start": 0.0}
+    state: dict[str, Any] = {"precall_start": None, "last_response": 0.0, "gc_start": 0.0,
+                             "flags": None, "threads": 0}
+    saveall = os.environ.get("SPANPROBE_SAVEALL") == "1"
+    if saveall:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+
+    def flag(name: str) -> None:
+        if state["flags"] is not None:
+            state["flags"].add(name)
     lock = threading.Lock()
 
     def gc_pass(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
+            if saveall:  # what the pass is about to walk
+                young = stats.setdefault("young", {})
+                for obj in gc.get_objects(generation=info["generation"]):
+                    name = type(obj).__qualname__
+                    young[name] = young.get(name, 0) + 1
             state["gc_start"] = time.perf_counter()
             return
         ms = (time.perf_counter() - state["gc_start"]) * 1000
@@ -64,6 +88,14 @@ def install() -> None:
             entry[0] += 1
             entry[1] += ms
             _add(entry[2], ms)
+            entry[3] += info["collected"]
+        flag("gc")
+        if saveall and gc.garbage:
+            cycles = stats["cycles"]
+            for obj in gc.garbage:
+                name = type(obj).__qualname__
+                cycles[name] = cycles.get(name, 0) + 1
+            gc.garbage.clear()
 
     gc.callbacks.append(gc_pass)
 
@@ -71,13 +103,18 @@ def install() -> None:
 
     async def traced_call(self: Any, scope: Any, receive: Any, send: Any) -> None:
         if scope.get("type") == "http" and scope.get("path", "").startswith("/v1/"):
-            state["precall_start"] = time.perf_counter()
+            start = state["precall_start"] = time.perf_counter()
             stats["requests"] += 1
+            flags = state["flags"] = {"thread"} if state["threads"] else set()
             try:
                 await call(self, scope, receive, send)
             finally:
                 state["precall_start"] = None
-                state["last_response"] = time.perf_counter()
+                end = state["last_response"] = time.perf_counter()
+                state["flags"] = None
+                key = "+".join(sorted(flags)) or "-"
+                hist = stats["latency"].setdefault(key, [0] * len(LATENCY_MS))
+                _add(hist, (end - start) * 1000, LATENCY_MS)
         else:
             await call(self, scope, receive, send)
 
@@ -110,6 +147,7 @@ def install() -> None:
             _add(f["flush_ms_hist"], ms)
             precall = state["precall_start"] or precall_before
             if precall is not None:
+                flag("flush")
                 f["in_precall"] += 1
                 f["overlap_ms"] += (end - max(start, precall)) * 1000
 
@@ -120,9 +158,12 @@ def install() -> None:
     async def traced_run_sync(fn: Any, *args: Any, **kwargs: Any) -> Any:
         def timed(*a: Any) -> Any:
             t0 = time.perf_counter()
+            state["threads"] += 1
+            flag("thread")
             try:
                 return fn(*a)
             finally:
+                state["threads"] -= 1
                 ms = (time.perf_counter() - t0) * 1000
                 with lock:
                     stats["thread"]["n"] += 1
@@ -135,8 +176,11 @@ def install() -> None:
     def report() -> None:
         while True:
             time.sleep(5)
-            with lock:
-                line = json.dumps(stats, default=float)
+            try:
+                with lock:
+                    line = json.dumps(stats, default=float)
+            except RuntimeError:  # a dict grew under json (the loop's thread): next time
+                continue
             sys.stderr.write(f"spanprobe {line}\n")
             sys.stderr.flush()
 
