@@ -35,7 +35,7 @@ import trio
 
 from ._deadletter import DeadLetter
 from ._errors import BackendUnavailable, BatchClosed, CommandError
-from ._handle import Handle
+from ._handle import SETTLED, Handle
 from ._journal import JournalEntry
 from ._merge import merge_table, send_merged
 from ._replay import replay_pass
@@ -234,6 +234,13 @@ class PostCallWrites:
         batch = self._batch
         batch._closed = True
         batch._settler.submit_nowait(batch)
+
+
+def _release(batch: PostCallBatch) -> None:
+    """Break the batch's reference cycle with its handles once they are all resolved
+    (see ``_handle._Settled``): awaiting one still gives its result."""
+    for handle in batch._handles:
+        handle._source = SETTLED
 
 
 @final
@@ -479,6 +486,7 @@ class Settler:
                     logger.error("journal or dead-letter write took over %s s",
                                  SHIELD_TIMEOUT_S)
             for batch in batches:
+                _release(batch)
                 batch._settled.set()
                 if self._on_settled is not None:
                     self._on_settled(batch)
@@ -519,6 +527,7 @@ class Settler:
             [p for b in batches for p in b._replay],
         )
         for batch in batches:
+            _release(batch)
             batch._settled.set()
 
     async def _journal_failed(
