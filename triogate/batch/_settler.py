@@ -56,6 +56,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("triogate.batch.settler")
 
+#: While ``busy()`` says so at the end of the group-commit delay, the flush waits on in
+#: steps of this fraction of the delay...
+BUSY_STEP = 0.5
+#: ...up to this many delays after its oldest batch was queued.
+BUSY_MAX_DELAYS = 4
+
 #: Bound on every shielded wait of the settler (journal and dead-letter writes at the end
 #: of a flush or on cancellation): a hung disk must not hang shutdown.
 SHIELD_TIMEOUT_S = 5.0
@@ -277,6 +283,11 @@ class Settler:
             Redis connection. A few milliseconds later the next request waits for its
             upstream and the flush costs it nothing; more requests share each flush too.
             0: at once.
+        busy: with ``delay_s``, says whether latency-critical work is under way (e.g.
+            requests in their pre-call checks); while it is, a due flush waits on in
+            steps of ``BUSY_STEP`` delays, up to ``BUSY_MAX_DELAYS`` delays in all. On a
+            loaded host a request's pre-call work can outlast the delay, and a flush
+            sent then delays it as much as one sent at once.
     """
 
     def __init__(
@@ -296,10 +307,12 @@ class Settler:
         clock_ms: Callable[[], int] = _wall_clock_ms,
         merges: Iterable[Merge] = (),
         delay_s: float = 0.0,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
         if delay_s < 0:
             raise ValueError(f"delay_s must be >= 0, not {delay_s}")
         self._delay_s = delay_s
+        self._busy = busy
         self._queued_at = 0.0  # when the oldest queued batch was queued
         self._hurry = trio.Event()  # set: the delay is cut short (drain, full queue)
         self._merges = merge_table(merges)
@@ -351,8 +364,7 @@ class Settler:
         try:
             while True:
                 if self._queue and self._delay_s and not self._hurry.is_set():
-                    with trio.move_on_at(self._queued_at + self._delay_s):
-                        await self._hurry.wait()
+                    await self._wait_delay()
                 if self._queue:
                     batches = self._take()
                     if self._queue:  # over one flush's bounds: the rest leaves next
@@ -386,6 +398,20 @@ class Settler:
             if self._journal is not None:
                 self._journal.close()
             self._drained.set()
+
+    async def _wait_delay(self) -> None:
+        """The group-commit delay, longer while ``busy()`` (bounded); cut short by
+        ``_hurry``."""
+        due = self._queued_at + self._delay_s
+        limit = self._queued_at + self._delay_s * BUSY_MAX_DELAYS
+        while True:
+            with trio.move_on_at(due):
+                await self._hurry.wait()
+            if self._hurry.is_set() or self._busy is None or due >= limit:
+                return
+            if not self._busy():
+                return
+            due = min(limit, trio.current_time() + self._delay_s * BUSY_STEP)
 
     def _take(self) -> list[PostCallBatch]:
         """The next group commit: queued batches in order, within both bounds."""

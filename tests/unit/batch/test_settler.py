@@ -301,3 +301,31 @@ async def test_cancelling_the_settler_in_its_delay_journals_what_was_queued(
 def test_a_negative_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="delay_s"):
         Settler({"default": RecordingBackend()}, delay_s=-1)
+
+
+async def test_a_due_flush_waits_while_busy(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    busy_until = [0.007]  # a request's pre-call checks outlast the 5 ms delay
+    settler = Settler({"default": backend}, delay_s=0.005,
+                      busy=lambda: trio.current_time() < busy_until[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with post_call_batch(settler, trace_id="r0") as post:
+            post.call("INCRBY", keys=["k0"], args=[1], owner="budgets")
+        await post.wait_settled()
+        # Due at 5 ms, busy: on in steps of half the delay, free at 7.5 ms.
+        assert trio.current_time() == pytest.approx(0.0075)
+        busy_until[0] = float("inf")  # always busy: bounded at four delays
+        start = trio.current_time()
+        with post_call_batch(settler, trace_id="r1") as post:
+            post.call("INCRBY", keys=["k1"], args=[1], owner="budgets")
+        await post.wait_settled()
+        assert trio.current_time() - start == pytest.approx(0.020)
+        # Draining does not wait for busy either.
+        with post_call_batch(settler, trace_id="r2") as post:
+            post.call("INCRBY", keys=["k2"], args=[1], owner="budgets")
+        start = trio.current_time()
+        await settler.wait_drained()
+        assert trio.current_time() == start
+        nursery.cancel_scope.cancel()
+    assert len(backend.pipelines) == 3
