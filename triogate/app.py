@@ -26,6 +26,7 @@ import trio
 
 from triogate.api import protocol_errors
 from triogate.api.asgi import GatewayASGI
+from triogate.api.gate import AdmissionGate
 from triogate.api.services import Health, Services
 from triogate.batch import (
     BackendUnavailable,
@@ -171,11 +172,17 @@ async def open_gateway(
             if metrics_box:
                 metrics_box[0].redis_waits_child("after").observe(batch.rounds)
 
+        # Made here, not by Services: the settler asks it whether requests are in
+        # their pre-call checks.
+        gate = AdmissionGate(settings.max_admitting, settings.max_admission_wait_s)
         settler = Settler(
             backends, tracer=spans or tracer, journal=Journal(state_dir / "journal"),
             dead_letters=DeadLetterFile(state_dir / "dead-letter.jsonl"), scripts=lua_scripts(),
             on_settled=settled, clock_ms=clock_ms,
             merges=[budgets.SETTLE_MERGE] if settings.governance.merge_settlements else [],
+            delay_s=settings.post_call_settle_delay_s,
+            # Requests in their pre-call checks: a flush waits for them (bounded).
+            busy=lambda: gate.admitting > 0,
         )
         await nursery.start(settler.run)
         providers = await stack.enter_async_context(
@@ -245,6 +252,7 @@ async def open_gateway(
             checks=checks,
             local=LocalGovernance(),
             leases=lease_keeper,
+            gate=gate,
             identities=identities,
             store=store,
             spend_logs=spend_logs,

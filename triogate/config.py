@@ -263,6 +263,16 @@ class TriogateSettings:
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=5.0, validator=_non_negative)
     post_call_deadline_s: float = attrs.field(default=1.0, validator=_positive)
+    #: Group-commit delay of the settler: a request's post-call writes leave this long
+    #: after they were queued, longer (up to four times) while other requests are in
+    #: their pre-call checks (``batch.Settler``'s ``delay_s`` and ``busy``; shutdown's
+    #: drain does not wait). With one client, a flush sent as the response leaves lands
+    #: on the next request's pre-call work; 5 ms later it lands in that request's
+    #: upstream wait instead (``bench/results/w6-tail.md``). Off by default: settlement
+    #: also gives back the parallel-request slot, and a client that sends its next
+    #: request at once would find its slot still held (429 under
+    #: ``max_parallel_requests``). 0: flush at once.
+    post_call_settle_delay_s: float = attrs.field(default=0.0, validator=_non_negative)
     spend_log_interval_s: float = attrs.field(default=1.0, validator=_positive)
     spend_log_batch_rows: int = attrs.field(default=500, validator=_positive)
     upstream_max_connections: int = attrs.field(default=1000, validator=_positive)

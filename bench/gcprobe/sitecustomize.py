@@ -8,7 +8,9 @@ import sys
 import time
 from typing import Any
 
-if "serve" in sys.argv and any("triogate" in arg for arg in sys.argv):
+# ``python -m triogate serve``: while site runs, argv is ``['-m', 'serve', ...]`` (the
+# module's name is not in it yet), so look for ``-m`` too.
+if "serve" in sys.argv and (sys.argv[0] == "-m" or any("triogate" in a for a in sys.argv)):
     _started = [0.0]
 
     def _pass(phase: str, info: dict[str, Any]) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
+import trio
+
 from ._errors import BackendUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Generator
-
-    import trio
 
     from ._command import Command
 
@@ -18,6 +18,26 @@ T = TypeVar("T")
 
 class _Source(Protocol):
     async def _wait_handle(self, handle: Handle[Any]) -> Any: ...
+
+
+@final
+class _Settled:
+    """The source of a post-call handle once its batch has settled: awaiting the handle
+    is then a checkpoint and its result, as the batch itself would give.
+
+    The batch lists its handles and each handle names its batch: a reference cycle per
+    request, left to the cyclic collector (with the batch's commands, replies and
+    event). Pointing the settled handles here instead lets reference counting free them.
+    """
+
+    __slots__ = ()
+
+    async def _wait_handle(self, handle: Handle[Any]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return handle.result()
+
+
+SETTLED: _Source = _Settled()
 
 
 @final

@@ -35,7 +35,7 @@ import trio
 
 from ._deadletter import DeadLetter
 from ._errors import BackendUnavailable, BatchClosed, CommandError
-from ._handle import Handle
+from ._handle import SETTLED, Handle
 from ._journal import JournalEntry
 from ._merge import merge_table, send_merged
 from ._replay import replay_pass
@@ -55,6 +55,12 @@ if TYPE_CHECKING:
     from ._tracer import Tracer
 
 logger = logging.getLogger("triogate.batch.settler")
+
+#: While ``busy()`` says so at the end of the group-commit delay, the flush waits on in
+#: steps of this fraction of the delay...
+BUSY_STEP = 0.5
+#: ...up to this many delays after its oldest batch was queued.
+BUSY_MAX_DELAYS = 4
 
 #: Bound on every shielded wait of the settler (journal and dead-letter writes at the end
 #: of a flush or on cancellation): a hung disk must not hang shutdown.
@@ -236,6 +242,13 @@ class PostCallWrites:
         batch._settler.submit_nowait(batch)
 
 
+def _release(batch: PostCallBatch) -> None:
+    """Break the batch's reference cycle with its handles once they are all resolved
+    (see ``_handle._Settled``): awaiting one still gives its result."""
+    for handle in batch._handles:
+        handle._source = SETTLED
+
+
 @final
 class Settler:
     """Sends closed post-call batches with group commit; journals what cannot leave.
@@ -262,6 +275,19 @@ class Settler:
         merges: scripts whose calls with the same keys leave a flush as one merged call
             (``_merge.py``); each owner still gets its own reply, and the journal its
             own call.
+        delay_s: group-commit delay: a flush leaves this long after the oldest batch it
+            carries was queued (at once when ``max_batches_per_flush`` batches wait, or
+            when :meth:`wait_drained` is waiting). A request's writes close as its
+            response leaves; with one client, its next request's pre-call work follows
+            at once, and a flush sent then competes with it for the loop and the
+            Redis connection. A few milliseconds later the next request waits for its
+            upstream and the flush costs it nothing; more requests share each flush too.
+            0: at once.
+        busy: with ``delay_s``, says whether latency-critical work is under way (e.g.
+            requests in their pre-call checks); while it is, a due flush waits on in
+            steps of ``BUSY_STEP`` delays, up to ``BUSY_MAX_DELAYS`` delays in all. On a
+            loaded host a request's pre-call work can outlast the delay, and a flush
+            sent then delays it as much as one sent at once.
     """
 
     def __init__(
@@ -280,7 +306,15 @@ class Settler:
         on_settled: Callable[[PostCallBatch], None] | None = None,
         clock_ms: Callable[[], int] = _wall_clock_ms,
         merges: Iterable[Merge] = (),
+        delay_s: float = 0.0,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
+        if delay_s < 0:
+            raise ValueError(f"delay_s must be >= 0, not {delay_s}")
+        self._delay_s = delay_s
+        self._busy = busy
+        self._queued_at = 0.0  # when the oldest queued batch was queued
+        self._hurry = trio.Event()  # set: the delay is cut short (drain, full queue)
         self._merges = merge_table(merges)
         self._backends = backends
         self._dead_letters = dead_letters
@@ -296,6 +330,7 @@ class Settler:
         self._max_commands = max_commands_per_flush
         self._replay_interval_s = replay_interval_s
         self._queue: list[PostCallBatch] = []
+        self._draining = 0  # wait_drained callers: no delay while any waits
         self._in_flight = 0
         self._wakeup = trio.Event()
         self._drained = trio.Event()
@@ -308,7 +343,15 @@ class Settler:
         if not batch._handles:
             batch._settled.set()
             return
+        if not self._queue:
+            # The first batch since the last flush started: the delay counts from now
+            # (the settler waits on _hurry only while the queue is not empty).
+            self._queued_at = trio.current_time()
+            if self._hurry.is_set() and not self._draining:
+                self._hurry = trio.Event()
         self._queue.append(batch)
+        if len(self._queue) >= self._max_batches:
+            self._hurry.set()
         if self._drained.is_set():
             self._drained = trio.Event()
         self._wakeup.set()
@@ -320,8 +363,12 @@ class Settler:
         task_status.started()
         try:
             while True:
+                if self._queue and self._delay_s and not self._hurry.is_set():
+                    await self._wait_delay()
                 if self._queue:
                     batches = self._take()
+                    if self._queue:  # over one flush's bounds: the rest leaves next
+                        self._hurry.set()
                     await self._flush(batches)
                 # Replay at most every replay_interval_s while it makes no progress (a
                 # down backend must not cost every flush a second timeout), at once
@@ -352,6 +399,20 @@ class Settler:
                 self._journal.close()
             self._drained.set()
 
+    async def _wait_delay(self) -> None:
+        """The group-commit delay, longer while ``busy()`` (bounded); cut short by
+        ``_hurry``."""
+        due = self._queued_at + self._delay_s
+        limit = self._queued_at + self._delay_s * BUSY_MAX_DELAYS
+        while True:
+            with trio.move_on_at(due):
+                await self._hurry.wait()
+            if self._hurry.is_set() or self._busy is None or due >= limit:
+                return
+            if not self._busy():
+                return
+            due = min(limit, trio.current_time() + self._delay_s * BUSY_STEP)
+
     def _take(self) -> list[PostCallBatch]:
         """The next group commit: queued batches in order, within both bounds."""
         queue = self._queue
@@ -367,8 +428,13 @@ class Settler:
 
     async def wait_drained(self) -> None:
         """Wait until every submitted batch has been sent, journaled or failed."""
-        while self._queue or self._in_flight:
-            await self._drained.wait()
+        self._draining += 1
+        self._hurry.set()  # what is queued leaves now, not after the delay
+        try:
+            while self._queue or self._in_flight:
+                await self._drained.wait()
+        finally:
+            self._draining -= 1
         await trio.lowlevel.checkpoint()
 
     def statistics(self) -> SettlerStatistics:
@@ -446,6 +512,7 @@ class Settler:
                     logger.error("journal or dead-letter write took over %s s",
                                  SHIELD_TIMEOUT_S)
             for batch in batches:
+                _release(batch)
                 batch._settled.set()
                 if self._on_settled is not None:
                     self._on_settled(batch)
@@ -486,6 +553,7 @@ class Settler:
             [p for b in batches for p in b._replay],
         )
         for batch in batches:
+            _release(batch)
             batch._settled.set()
 
     async def _journal_failed(

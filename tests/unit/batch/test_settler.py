@@ -199,3 +199,133 @@ async def test_a_group_commit_is_bounded_by_its_commands(autojump_clock: MockClo
     # always leaves); then 1.
     assert [len(p) for p in backend.pipelines] == [5, 2, 7, 1]
     assert settler.statistics().batches == 6
+
+
+async def test_a_flush_leaves_after_the_group_commit_delay(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    settler = Settler({"default": backend}, delay_s=0.005)
+    sent_at: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with post_call_batch(settler, trace_id="r0") as post:
+            post.call("INCRBY", keys=["k0"], args=[1], owner="budgets")
+        await trio.sleep(0.002)
+        with post_call_batch(settler, trace_id="r1") as post1:
+            post1.call("INCRBY", keys=["k1"], args=[1], owner="budgets")
+        await post.wait_settled()
+        sent_at.append(trio.current_time())
+        await post1.wait_settled()
+        nursery.cancel_scope.cancel()
+    # Not as r0 closed (its response just left): 5 ms later, r1 with it.
+    assert sent_at == [pytest.approx(0.005)]
+    assert [len(p) for p in backend.pipelines] == [2]
+
+
+async def test_the_delay_bounds_the_oldest_batch_under_steady_load(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend(delay_s=0.001)
+    settler = Settler({"default": backend}, delay_s=0.005)
+    waits: list[float] = []
+
+    async def request(i: int) -> None:
+        with post_call_batch(settler, trace_id=f"r{i}") as post:
+            post.call("INCRBY", keys=[f"k{i}"], args=[1], owner="budgets")
+        closed = trio.current_time()
+        await post.wait_settled()
+        waits.append(trio.current_time() - closed)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        async with trio.open_nursery() as clients:
+            for i in range(40):
+                clients.start_soon(request, i)
+                await trio.sleep(0.0005)
+        nursery.cancel_scope.cancel()
+    # Settled within the delay plus a flush or two (batches queued during one leave
+    # with the next), and many share each flush.
+    assert max(waits) <= 0.005 + 2 * 0.001 + 1e-9
+    assert settler.statistics().flushes <= 8
+
+
+async def test_a_full_queue_does_not_wait_for_the_delay(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    settler = Settler({"default": backend}, delay_s=10, max_batches_per_flush=3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        posts = []
+        for i in range(3):
+            with post_call_batch(settler, trace_id=f"r{i}") as post:
+                post.call("INCRBY", keys=[f"k{i}"], args=[1], owner="budgets")
+            posts.append(post)
+        for post in posts:
+            await post.wait_settled()
+        assert trio.current_time() == 0
+        nursery.cancel_scope.cancel()
+    assert [len(p) for p in backend.pipelines] == [3]
+
+
+async def test_draining_does_not_wait_for_the_delay(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    settler = Settler({"default": backend}, delay_s=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with post_call_batch(settler, trace_id="r0") as post:
+            post.call("INCRBY", keys=["k0"], args=[1], owner="budgets")
+        await settler.wait_drained()
+        assert trio.current_time() == 0
+        # After the drain, the delay holds again.
+        with post_call_batch(settler, trace_id="r1") as post:
+            post.call("INCRBY", keys=["k1"], args=[1], owner="budgets")
+        await post.wait_settled()
+        assert trio.current_time() == 10
+        nursery.cancel_scope.cancel()
+    assert backend.commands == ["INCRBY", "INCRBY"]
+
+
+async def test_cancelling_the_settler_in_its_delay_journals_what_was_queued(
+    file_clock: MockClock, tmp_path: Path,
+) -> None:
+    settler = Settler({"default": RecordingBackend()}, journal=Journal(tmp_path / "j"),
+                      delay_s=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with post_call_batch(settler, trace_id="r0") as post:
+            post.call("INCRBY", keys=["k0"], args=[1], owner="budgets")
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    await post.wait_settled()
+    assert settler.statistics().journaled == 1
+
+
+def test_a_negative_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="delay_s"):
+        Settler({"default": RecordingBackend()}, delay_s=-1)
+
+
+async def test_a_due_flush_waits_while_busy(autojump_clock: MockClock) -> None:
+    backend = RecordingBackend()
+    busy_until = [0.007]  # a request's pre-call checks outlast the 5 ms delay
+    settler = Settler({"default": backend}, delay_s=0.005,
+                      busy=lambda: trio.current_time() < busy_until[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with post_call_batch(settler, trace_id="r0") as post:
+            post.call("INCRBY", keys=["k0"], args=[1], owner="budgets")
+        await post.wait_settled()
+        # Due at 5 ms, busy: on in steps of half the delay, free at 7.5 ms.
+        assert trio.current_time() == pytest.approx(0.0075)
+        busy_until[0] = float("inf")  # always busy: bounded at four delays
+        start = trio.current_time()
+        with post_call_batch(settler, trace_id="r1") as post:
+            post.call("INCRBY", keys=["k1"], args=[1], owner="budgets")
+        await post.wait_settled()
+        assert trio.current_time() - start == pytest.approx(0.020)
+        # Draining does not wait for busy either.
+        with post_call_batch(settler, trace_id="r2") as post:
+            post.call("INCRBY", keys=["k2"], args=[1], owner="budgets")
+        start = trio.current_time()
+        await settler.wait_drained()
+        assert trio.current_time() == start
+        nursery.cancel_scope.cancel()
+    assert len(backend.pipelines) == 3
