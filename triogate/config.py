@@ -268,11 +268,14 @@ class TriogateSettings:
     #: their pre-call checks (``batch.Settler``'s ``delay_s`` and ``busy``; shutdown's
     #: drain does not wait). With one client, a flush sent as the response leaves lands
     #: on the next request's pre-call work; 5 ms later it lands in that request's
-    #: upstream wait instead (``bench/results/w6-tail.md``). Off by default: settlement
-    #: also gives back the parallel-request slot, and a client that sends its next
-    #: request at once would find its slot still held (429 under
-    #: ``max_parallel_requests``). 0: flush at once.
-    post_call_settle_delay_s: float = attrs.field(default=0.0, validator=_non_negative)
+    #: upstream wait instead, and under load more requests share a flush
+    #: (``bench/results/w6-tail.md``). A settlement that gives back a parallel-request
+    #: slot leaves at once (``PostCallBatch.hurry``): a client under
+    #: ``max_parallel_requests`` may send its next request as soon as it has the answer.
+    #: Meanwhile a budget still holds the request's estimate and a TPM window its
+    #: estimated tokens (never less than the actual cost), so a check in those few ms can
+    #: only be stricter, never looser. 0: flush at once.
+    post_call_settle_delay_s: float = attrs.field(default=0.005, validator=_non_negative)
     spend_log_interval_s: float = attrs.field(default=1.0, validator=_positive)
     spend_log_batch_rows: int = attrs.field(default=500, validator=_positive)
     upstream_max_connections: int = attrs.field(default=1000, validator=_positive)

@@ -1,20 +1,21 @@
 """The settler's group-commit delay as the gateway wires it: post-call writes leave
 ``post_call_settle_delay_s`` after they were queued, later while requests are in their
-pre-call checks (the admission gate's count), never on a drain (issue 13, goal 4). Off
-by default: a parallel-request slot must be given back before the client's next request
-(``test_bad_input.py`` sends one at once with ``max_parallel_requests: 1``)."""
+pre-call checks (the admission gate's count), never on a drain (issue 13, goal 4), and
+at once when they give back a parallel-request slot, which the client's next request may
+need as soon as it has its answer."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 import trio
 
 from triogate.batch import post_call_batch
 from triogate.batch._settler import BUSY_MAX_DELAYS
 
-from .conftest import gateway_config, running_gateway
+from .conftest import gateway_config, running_gateway, short_request
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -38,8 +39,27 @@ async def delayed(tmp_path: Path, redis_url: str, upstream: FakeUpstream,
             yield gw
 
 
-async def test_the_delay_is_off_by_default(gateway: Gateway) -> None:
-    assert gateway.services.config.settings.post_call_settle_delay_s == 0
+async def test_the_delay_is_on_by_default(gateway: Gateway) -> None:
+    assert gateway.services.config.settings.post_call_settle_delay_s == 0.005
+
+
+async def test_a_parallel_slot_is_back_before_the_next_request(
+    tmp_path: Path, redis_url: str, upstream: FakeUpstream, redis: object,
+) -> None:
+    """With a long delay, a key with one parallel slot still sends request after request
+    at once: the settlement that gives the slot back does not wait for the delay."""
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                            triogate={"post_call_settle_delay_s": 5.0})
+    with trio.fail_after(60):
+        async with running_gateway(config) as gw, httpx.AsyncClient(
+                base_url=gw.url, timeout=20) as http:
+            assert gw.services.store is not None
+            key, _ = await gw.services.store.create_key(max_parallel_requests=1)
+            for i in range(5):
+                response = await http.post(
+                    "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                    json=short_request("chat", f"hi {i}"))
+                assert response.status_code == 200, response.text
 
 
 async def _settle_s(settler: Settler) -> float:

@@ -117,6 +117,7 @@ class PostCallBatch:
     _closed: bool
     _rounds: int
     _settled: trio.Event
+    _urgent: bool
 
     def __init__(self) -> None:
         raise TypeError("use open_post_call_batch")
@@ -131,7 +132,14 @@ class PostCallBatch:
         self._closed = False
         self._rounds = 0
         self._settled = trio.Event()
+        self._urgent = False
         return self
+
+    def hurry(self) -> None:
+        """Let this batch leave without the settler's group-commit delay (it takes the
+        batches queued before it along): for a write the client's next request may
+        depend on at once, such as the release of a parallel slot. Sync."""
+        self._urgent = True
 
     def call(
         self,
@@ -350,7 +358,7 @@ class Settler:
             if self._hurry.is_set() and not self._draining:
                 self._hurry = trio.Event()
         self._queue.append(batch)
-        if len(self._queue) >= self._max_batches:
+        if batch._urgent or len(self._queue) >= self._max_batches:
             self._hurry.set()
         if self._drained.is_set():
             self._drained = trio.Event()

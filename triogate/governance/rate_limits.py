@@ -404,6 +404,9 @@ class RateSettlement:
     now_ms: int
     backend: str
     marker_ttl_ms: int
+    #: It gives back a parallel slot: the client's next request may need it at once, so
+    #: its batch leaves without the settler's group-commit delay (``PostCallBatch.hurry``).
+    releases_slot: bool = False
 
     def args(self) -> list[str | int]:
         """``rate_settle.lua``'s mode .. now_ms (the part budget_settle.lua also takes)."""
@@ -511,6 +514,7 @@ def settle_plans(
             now_ms=now_ms,
             backend=admission.backend,
             marker_ttl_ms=admission.marker_ttl_ms,
+            releases_slot=any(w.kind == PARALLEL for w in entry.windows),
         ))
     return tuple(plans)
 

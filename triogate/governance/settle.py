@@ -46,6 +46,8 @@ def settle(
         for plan in rate_limits.settle_plans(rate_outcome, request, actual_tokens=actual_tokens,
                                              admitted=admitted, now_ms=now_ms):
             plans[plan.kind, plan.id] = plan
+    if any(plan.releases_slot for plan in plans.values()):
+        post.hurry()  # a parallel slot the client's next request may wait for
     handles: tuple[Handle[object], ...] = ()
     if budget_outcome is not None:
         handles = budgets.settle(post, budget_outcome, request, actual_nanousd=actual_nanousd,

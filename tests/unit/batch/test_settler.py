@@ -221,6 +221,30 @@ async def test_a_flush_leaves_after_the_group_commit_delay(autojump_clock: MockC
     assert [len(p) for p in backend.pipelines] == [2]
 
 
+async def test_a_hurried_batch_leaves_at_once_with_those_before_it(
+    autojump_clock: MockClock,
+) -> None:
+    backend = RecordingBackend()
+    settler = Settler({"default": backend}, delay_s=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        with post_call_batch(settler, trace_id="r0") as post0:
+            post0.call("INCRBY", keys=["k0"], args=[1], owner="budgets")
+        with post_call_batch(settler, trace_id="r1") as post1:
+            post1.call("INCRBY", keys=["k1"], args=[-1], owner="rate_limits")
+            post1.hurry()  # e.g. it gives back a parallel slot
+        await post1.wait_settled()
+        await post0.wait_settled()
+        assert trio.current_time() == 0
+        # The next batch waits for the delay again.
+        with post_call_batch(settler, trace_id="r2") as post2:
+            post2.call("INCRBY", keys=["k2"], args=[1], owner="budgets")
+        await post2.wait_settled()
+        assert trio.current_time() == 10
+        nursery.cancel_scope.cancel()
+    assert [len(p) for p in backend.pipelines] == [2, 1]
+
+
 async def test_the_delay_bounds_the_oldest_batch_under_steady_load(
     autojump_clock: MockClock,
 ) -> None:
