@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json, upstream_body
-from triogate.providers.rawsse import CHAT, RawStream, body_reader
+from triogate.providers.rawsse import CHAT, MESSAGES, RawStream, body_reader
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sse import SSESource
-from triogate.providers.streaming import TranslatedStream, check_streamable
+from triogate.providers.streaming import Passthrough, TranslatedStream, check_streamable
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
 from triogate.providers.translate import ChatPassthrough
 
@@ -98,5 +98,7 @@ async def open_hub_stream(
         # The client speaks the upstream's API: the upstream's bytes go on (rawsse.py).
         if isinstance(translator, ChatPassthrough):
             yield RawStream(body_reader(response), tracker, translator, CHAT)
+        elif isinstance(translator, Passthrough) and api == "messages":
+            yield RawStream(body_reader(response), tracker, translator, MESSAGES)
         else:
             yield TranslatedStream(SSESource(response), tracker, translator)
