@@ -252,9 +252,11 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
 
 
 def _decoded(kept: list[dict[str, Any] | bytes]) -> list[dict[str, Any]]:
-    """A stream's events as dicts: the ``data: {json}`` wire bytes decoded again, as one
-    JSON array (one ``loads`` call, not one per event)."""
-    raw = [memoryview(e)[6:-2] for e in kept if isinstance(e, bytes)]
+    """A stream's events as dicts: the wire bytes (``data: {json}``, after an ``event:``
+    line for messages) decoded again, as one JSON array (one ``loads`` call, not one per
+    event)."""
+    raw = [memoryview(e)[6 if e.startswith(b"data: ") else e.index(b"\ndata: ") + 7 : -2]
+           for e in kept if isinstance(e, bytes)]
     if not raw:
         return kept  # type: ignore[return-value]  # dicts only
     decoded: list[dict[str, Any]] = orjson.loads(b"[%b]" % b",".join(raw))

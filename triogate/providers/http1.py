@@ -246,7 +246,7 @@ class UpstreamBody(httpx.AsyncByteStream):
         """Every body byte that is here now, waiting for one upstream read if none is
         (b"" at the body's end); a checkpoint.
 
-        The stream hot path (``providers/rawchat.py``): one call per upstream read instead
+        The stream hot path (``providers/rawsse.py``): one call per upstream read instead
         of a chunk per step through ``__aiter__``'s generators and httpx's, and all the
         chunks that one read brought come back together. Mixing it with ``__aiter__`` on
         the same body is not supported.

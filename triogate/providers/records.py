@@ -114,8 +114,8 @@ class ProviderStream(Protocol):
     @property
     def wire(self) -> bytes | None:
         """The event handed out last as it goes on the wire to a client of the same API
-        (SSE framing included: for chat, ``data: <its JSON>`` and a blank line), or
-        None: the caller encodes it."""
+        (SSE framing included: for chat, ``data: <its JSON>`` and a blank line; for
+        messages, an ``event: <type>`` line first), or None: the caller encodes it."""
         ...
 
 

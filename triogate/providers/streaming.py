@@ -53,6 +53,9 @@ class Passthrough:
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [dict(event)]
 
+    def observe(self, event: Mapping[str, Any]) -> None:
+        """An event that goes on as it is (``rawsse.py``): ``finish`` needs nothing of it."""
+
     def finish(self, usage: Usage) -> list[dict[str, Any]]:
         return []
 

@@ -243,7 +243,7 @@ class ChatPassthrough:
         return [dict(event)]
 
     def observe(self, event: Mapping[str, Any]) -> None:
-        """What ``finish`` needs of an event that goes on as it is (``rawchat.py``)."""
+        """What ``finish`` needs of an event that goes on as it is (``rawsse.py``)."""
         self._id = event.get("id", self._id)
         self._model = event.get("model", self._model)
         if isinstance(event.get("usage"), dict):

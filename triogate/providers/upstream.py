@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json, upstream_body
-from triogate.providers.rawchat import RawChatStream, body_reader
+from triogate.providers.rawsse import CHAT, MESSAGES, RawStream, body_reader
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sse import SSESource
-from triogate.providers.streaming import TranslatedStream, check_streamable
+from triogate.providers.streaming import Passthrough, TranslatedStream, check_streamable
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
 from triogate.providers.translate import ChatPassthrough
 
@@ -77,7 +77,7 @@ async def open_hub_stream(
     url: str,
     headers: Mapping[str, str],
     created_s: int,
-) -> AsyncIterator[TranslatedStream | RawChatStream]:
+) -> AsyncIterator[TranslatedStream | RawStream]:
     """A streamed call through an upstream speaking ``hub``.
 
     Entering sends the request and checks the status (a checkpoint); leaving closes the
@@ -95,7 +95,10 @@ async def open_hub_stream(
         tracker = hub.tracker(input_tokens=input_tokens)
         translator = hub.translator(api, request=body, input_tokens=input_tokens,
                                     created_s=created_s)
-        if isinstance(translator, ChatPassthrough):  # chat to chat: the upstream's bytes
-            yield RawChatStream(body_reader(response), tracker, translator)
+        # The client speaks the upstream's API: the upstream's bytes go on (rawsse.py).
+        if isinstance(translator, ChatPassthrough):
+            yield RawStream(body_reader(response), tracker, translator, CHAT)
+        elif isinstance(translator, Passthrough) and api == "messages":
+            yield RawStream(body_reader(response), tracker, translator, MESSAGES)
         else:
             yield TranslatedStream(SSESource(response), tracker, translator)

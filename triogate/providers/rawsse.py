@@ -1,21 +1,24 @@
-"""A chat upstream's stream to a chat client: the upstream's own event bytes go on.
+"""A stream whose client speaks the upstream's API: the upstream's own event bytes go on.
 
-When client and upstream both speak OpenAI chat completions, the general path
+When client and upstream both speak OpenAI chat completions, or both Anthropic messages,
+the general path
 (:class:`~triogate.providers.sse.SSESource` -> :class:`~triogate.providers.streaming.
 TranslatedStream` -> ``api/sse.encode``) turns every event into a ``ServerSentEvent``,
 then a dict, copies the dict (the passthrough translator) and encodes it again, one event
-per step through httpx's body iterators. :class:`RawChatStream` does the same job with
-the bytes one upstream read brought:
+per step through httpx's body iterators. :class:`RawStream` does the same job with the
+bytes one upstream read brought:
 
 * the body is read with ``UpstreamBody.read_some`` (:mod:`.http1`): all the whole chunks a
   read brought at once, no generator layers;
-* an event written the usual way, ``data: <json>`` and a blank line (LF only), is cut out
-  of the bytes as it is; its JSON is parsed once (usage tracking, the
+* an event written the usual way for its API (its :class:`Framing`: chat's ``data: <json>``
+  and a blank line, messages' ``event: <type>``, ``data: <json>`` and a blank line; LF
+  only) is cut out of the bytes as it is; its JSON is parsed once (usage tracking, the
   ``include_usage`` filter and the response cache need the dict) and its bytes are handed
-  on as :attr:`RawChatStream.wire`, so the client gets what the upstream sent;
-* anything else (a comment, ``event:`` or ``id:`` fields, several ``data:`` lines, CR
-  line ends) goes through :class:`~triogate.providers.sse.SSEDecoder` as before and has
-  no wire bytes: the caller encodes it, as it does the usage chunk
+  on as :attr:`RawStream.wire`, so the client gets what the upstream sent;
+* anything else (a comment, other fields such as ``id:``, several ``data:`` lines, CR
+  line ends, an ``event:`` name that is not the JSON's ``type``) goes through
+  :class:`~triogate.providers.sse.SSEDecoder` or ``api/sse.encode`` as before and has no
+  wire bytes: the caller encodes it, as it does the usage chunk
   :class:`~triogate.providers.translate.ChatPassthrough` adds at the end.
 
 Events, usage, errors and their order are those of the general path.
@@ -24,7 +27,7 @@ Events, usage, errors and their order are those of the general path.
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import trio
@@ -35,20 +38,78 @@ from triogate.providers.sse import SSEDecoder
 from triogate.providers.transport import body_of
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
     import httpx
 
     from triogate.providers.records import Usage
-    from triogate.providers.translate import ChatPassthrough
     from triogate.providers.usage import UsageTracker
 
-_PREFIX = b"data: "
+_DATA = b"data: "
+_EVENT = b"event: "
 _DONE = b"[DONE]"
 
 # One entry of the queue: an event and its wire bytes (None: encode it), or the error
 # that ends the stream at that point.
 _Item = tuple[dict[str, Any], bytes | None] | ProviderError
+
+
+class Framing(Protocol):
+    """How one API's stream writes an event in the usual form (what ``api/sse.encode``
+    writes for it, given compact JSON)."""
+
+    def data_at(self, buf: bytes, start: int, end: int) -> int:
+        """Where the JSON starts, counted from ``start``, in the event from ``start`` to
+        its blank line at ``end`` (``buf[end:end + 2] == b"\\n\\n"``) if it has the usual
+        form; else -1."""
+        ...
+
+    def encodes_as(self, wire: bytes, data_at: int, event: Mapping[str, Any]) -> bool:
+        """Whether ``api/sse.encode`` writes ``event`` with ``wire``'s framing."""
+        ...
+
+
+class ChatFraming:
+    """OpenAI chat completions: ``data: <json>`` and a blank line."""
+
+    def data_at(self, buf: bytes, start: int, end: int) -> int:
+        if buf.startswith(_DATA, start) and buf.find(b"\n", start, end) < 0:
+            return len(_DATA)
+        return -1
+
+    def encodes_as(self, wire: bytes, data_at: int, event: Mapping[str, Any]) -> bool:
+        return True
+
+
+class MessagesFraming:
+    """Anthropic messages: ``event: <type>``, ``data: <json>`` and a blank line, the
+    name being the JSON's ``type`` (``api/sse.encode`` names an event by it)."""
+
+    def data_at(self, buf: bytes, start: int, end: int) -> int:
+        if not buf.startswith(_EVENT, start):
+            return -1
+        line = buf.find(b"\n", start, end)
+        if line < 0 or not buf.startswith(_DATA, line + 1) or buf.find(b"\n", line + 1, end) >= 0:
+            return -1
+        return line + 1 + len(_DATA) - start
+
+    def encodes_as(self, wire: bytes, data_at: int, event: Mapping[str, Any]) -> bool:
+        kind = event.get("type")
+        return isinstance(kind, str) and wire[len(_EVENT) : data_at - len(_DATA) - 1] == (
+            kind.encode())
+
+
+CHAT = ChatFraming()
+MESSAGES = MessagesFraming()
+
+
+class RawTranslator(Protocol):
+    """The translator of a stream whose events go on as they are: it watches them (what
+    ``finish`` needs) and may add closing events."""
+
+    def observe(self, event: Mapping[str, Any]) -> None: ...
+
+    def finish(self, usage: Usage) -> list[dict[str, Any]]: ...
 
 
 def body_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
@@ -73,20 +134,21 @@ def body_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
     return read
 
 
-class RawChatStream:
-    """The ProviderStream of a chat upstream for a chat client (see the module).
+class RawStream:
+    """The ProviderStream of an upstream whose client speaks its API (see the module).
 
     Each event handed out (by ``__anext__`` or ``next_nowait``) sets :attr:`wire`: its
-    bytes as the upstream sent them, ``data: ...`` and the blank line, or None when the
-    caller must encode it. Each step is a checkpoint: the read, or a yield for an event
-    already read.
+    bytes as the upstream sent them, the blank line included, or None when the caller
+    must encode it. Each step is a checkpoint: the read, or a yield for an event already
+    read.
     """
 
     def __init__(self, read: Callable[[], Awaitable[bytes]], tracker: UsageTracker,
-                 translator: ChatPassthrough) -> None:
+                 translator: RawTranslator, framing: Framing) -> None:
         self._read = read
         self._tracker = tracker
         self._translator = translator
+        self._framing = framing
         self._buffer = b""  # bytes after the last whole event
         self._decoder: SSEDecoder | None = None  # once a CR showed up: for the rest
         self._general = SSEDecoder()  # for events of another form
@@ -101,7 +163,7 @@ class RawChatStream:
         """Reported usage once the upstream sent it; else counted so far."""
         return self._tracker.usage
 
-    def __aiter__(self) -> RawChatStream:
+    def __aiter__(self) -> RawStream:
         return self
 
     async def __anext__(self) -> dict[str, Any]:
@@ -161,13 +223,14 @@ class RawChatStream:
             self._decoded(self._decoder.feed(buf))
             return
         start = 0
+        data_at = self._framing.data_at
         while not self._ended:
             end = buf.find(b"\n\n", start)
             if end < 0:
                 break
-            if buf.startswith(_PREFIX, start) and buf.find(b"\n", start, end) < 0:
+            if (at := data_at(buf, start, end)) >= 0:
                 wire = buf[start : end + 2]
-                self._event(wire[6:-2], wire)
+                self._event(wire[at:-2], wire, at)
             elif end > start:
                 self._decoded(self._general.feed(buf[start : end + 2]))
             start = end + 2
@@ -185,9 +248,9 @@ class RawChatStream:
         for sse in events:
             if self._ended:
                 return
-            self._event(sse.data, None)
+            self._event(sse.data, None, 0)
 
-    def _event(self, data: bytes | str, wire: bytes | None) -> None:
+    def _event(self, data: bytes | str, wire: bytes | None, data_at: int) -> None:
         """One event's data: [DONE] ends the stream; else a JSON object, observed."""
         if data.strip() == (_DONE if isinstance(data, bytes) else "[DONE]"):
             self._ended = True
@@ -216,6 +279,8 @@ class RawChatStream:
             error.__cause__ = exc
             self._fail(error)
             return
+        if wire is not None and not self._framing.encodes_as(wire, data_at, value):
+            wire = None
         self._pending.append((value, wire))
 
     def _finish(self) -> None:
