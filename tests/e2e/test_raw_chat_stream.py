@@ -1,5 +1,5 @@
 """A chat stream for a chat client forwards the upstream's own event bytes
-(``providers/rawchat.py``): the client gets what the general path (parse, translate,
+(``providers/rawsse.py``): the client gets what the general path (parse, translate,
 ``api/sse.encode``) sent before, byte for byte, and usage is counted the same.
 
 Each scenario runs twice through one gateway, over real HTTP, against a scripted upstream
