@@ -15,6 +15,8 @@ from triogate.app import serve, wall_clock_ms
 from triogate.config import parse_config
 from triogate.testing.fakeupstream import open_fake_upstream
 
+from .scripted_upstream import Scripted
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from pathlib import Path
@@ -132,3 +134,14 @@ async def traced_waits(gateway: Gateway, response: Any) -> Any:
         await gateway.services.settler.wait_drained()
     assert gateway.services.tracer is not None
     return gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[Scripted]:
+    """A scripted upstream (``scripted_upstream.py``) on a random loopback port."""
+    script = Scripted()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, script.handle, 0)
+        script.port = listeners[0].socket.getsockname()[1]
+        yield script
+        nursery.cancel_scope.cancel()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-import attrs
 import httpx
 import orjson
 import pytest
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from tests.e2e.conftest import Gateway
+    from tests.e2e.scripted_upstream import Scripted
     from triogate.batch import RespBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -48,52 +48,6 @@ CONTENT = [chunk({"role": "assistant", "content": ""})] + [
     ("Once", " upon a time", ", \u00e9l\u00e8ve \u2603", ' "quoted"\n', " \\ end", "")]
 FINISH = chunk({}, "stop")
 REALISTIC = b"".join(CONTENT) + FINISH + USAGE + DONE
-
-
-@attrs.define
-class Scripted:
-    """An upstream that answers every POST with ``pieces``, one chunked write each,
-    ``gap_s`` apart; with ``hang`` it then waits until the client goes away."""
-
-    pieces: list[bytes] = attrs.Factory(list)
-    gap_s: float = 0.0
-    hang: bool = False
-    gone: int = 0
-    port: int = 0
-
-    async def handle(self, stream: trio.SocketStream) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += await stream.receive_some(65536)
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
-        while len(body) < length:
-            body += await stream.receive_some(65536)
-        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                              b"transfer-encoding: chunked\r\n\r\n")
-        try:
-            for piece in self.pieces:
-                await stream.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
-                await trio.sleep(self.gap_s)
-            if self.hang:
-                while await stream.receive_some(65536):
-                    pass
-                self.gone += 1
-                return
-            await stream.send_all(b"0\r\n\r\n")
-        except trio.BrokenResourceError:
-            self.gone += 1
-        await stream.aclose()
-
-
-@pytest.fixture
-async def scripted() -> AsyncIterator[Scripted]:
-    script = Scripted()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, script.handle, 0)
-        script.port = listeners[0].socket.getsockname()[1]
-        yield script
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture

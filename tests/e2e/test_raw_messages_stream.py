@@ -19,7 +19,6 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_HEADERS, MASTER_KEY, gateway_config, running_gateway
-from tests.e2e.test_raw_chat_stream import Scripted
 from triogate.providers import upstream as upstream_module
 from triogate.providers.rawsse import RawStream
 
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from tests.e2e.conftest import Gateway
+    from tests.e2e.scripted_upstream import Scripted
     from triogate.batch import RespBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -55,16 +55,6 @@ STOP = event("message_stop")
 EVENTS = [START, BLOCK, PING, *DELTAS[:2], PING, *DELTAS[2:], BLOCK_STOP, MESSAGE_DELTA,
           STOP]
 REALISTIC = b"".join(EVENTS)
-
-
-@pytest.fixture
-async def scripted() -> AsyncIterator[Scripted]:
-    script = Scripted()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, script.handle, 0)
-        script.port = listeners[0].socket.getsockname()[1]
-        yield script
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture
