@@ -1,0 +1,371 @@
+"""How many governed requests a second one Redis core carries: the gateway's own traffic,
+captured, then replayed from many connections at once.
+
+Why this exists: ``bench/redis_cpu.py`` measures the server's CPU per request with one
+gateway on this 2-core host, so the server wakes up for one small pipeline at a time and
+shares the machine with the gateway that feeds it. A wake-up costs the server a ``read``,
+a ``write`` and an ``epoll_wait`` (17-20 µs of system time each on this VM) and runs the
+scripts on cold caches. That is the cost at *one* gateway's load, not the server's
+capacity: with a fleet of gateways in front of it, each wake-up finds many clients'
+pipelines ready. This bench measures that case without a fleet:
+
+1. **Capture.** An in-process gateway (the shape of ``bench/load.py``: a key in a team,
+   both with a budget and RPM/TPM, an end user with a budget and RPM, usage-based routing
+   over two deployments, the response cache on) serves ``--requests`` unique chat
+   completions after a warm-up; every pipeline its Redis backend sends is recorded as
+   sent (fused scripts, merged settlements, the settler's group commits, cache reads and
+   writes). Each request carries an ``x-request-id`` of its own, so the ids in the
+   captured arguments are known.
+2. **Replay.** A fresh server (pinned to the last CPU with ``taskset`` when there are at
+   least two) gets every script the capture loaded; then, for each concurrency ``C`` of
+   ``--concurrency``, ``C`` connections each replay their own copy of the measured
+   pipelines in order (a copy's request ids are suffixed, so every copy reserves, counts
+   and settles as new requests on the same hot key, team, end user and model group: the
+   fleet's hot-principal case). One pipeline in flight per connection, as a gateway's
+   request waits for its round. The driver is one process of raw sockets and hiredis.
+
+It prints, per ``C``: governed requests a second, the server's CPU (``used_cpu_sys +
+used_cpu_user``) per request, its share of one core, and ``INFO commandstats`` µs per
+request. When the server's share of its core is near 100 %, requests a second is what one
+core carries for this shape; when it is not, the driver was the limit (said in the row).
+
+    python bench/redis_capacity.py                       # 400 requests, C = 1 8 32 128
+    python bench/redis_capacity.py --server /usr/bin/redis-server --concurrency 1 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+USD = 1_000_000_000
+ROOT = Path(__file__).resolve().parent.parent
+
+Pipeline = list[tuple[bytes, ...]]
+
+
+def _as_bytes(arg: object) -> bytes:
+    if isinstance(arg, bytes):
+        return arg
+    if isinstance(arg, (bytearray, memoryview)):
+        return bytes(arg)
+    return str(arg).encode()
+
+
+def capture(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Run the gateway and return its pipelines (measured part) and every script it loaded."""
+    import httpx
+    import trio
+
+    sys.path.insert(0, str(ROOT))
+    from tests.e2e.conftest import gateway_config, running_gateway
+    from triogate.batch import RespBackend
+    from triogate.testing.fakeupstream import open_fake_upstream
+
+    recorded: list[Pipeline] = []
+    scripts: dict[bytes, None] = {}
+    recording = [False]
+    original = RespBackend.execute
+
+    async def execute(self: RespBackend, commands: Any) -> list[object]:
+        wires = [tuple(_as_bytes(a) for a in c) for c in commands]
+        measured = []
+        for wire in wires:
+            if wire[:2] == (b"SCRIPT", b"LOAD"):
+                scripts[wire[2]] = None
+            else:
+                measured.append(wire)
+        if recording[0] and self.name != "capacity-probe" and measured:
+            recorded.append(measured)
+        return await original(self, commands)
+
+    RespBackend.execute = execute  # type: ignore[method-assign]
+
+    async def send(http: httpx.AsyncClient, url: str, key: str, n: int, tag: str) -> None:
+        async def one_connection(c: int) -> None:
+            for i in range(c, n, args.capture_connections):
+                reply = await http.post(f"{url}/chat/completions", json={
+                    "model": "bench", "user": "end-user-1", "max_tokens": 16,
+                    "messages": [{"role": "user", "content": f"{tag} {i} {time.time()}"}]},
+                    headers={"authorization": f"Bearer {key}",
+                             "x-request-id": f"{tag}{i:06d}x"})
+                assert reply.status_code == 200, reply.text
+
+        async with trio.open_nursery() as nursery:
+            for c in range(args.capture_connections):
+                nursery.start_soon(one_connection, c)
+
+    async def run() -> None:
+        sock = folder / "capture.sock"
+        server = subprocess.Popen([args.server, "--port", "0", "--unixsocket", str(sock),
+                                   "--save", "", "--appendonly", "no"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"unix://{sock}"
+        try:
+            for _ in range(200):
+                if sock.exists():
+                    break
+                await trio.sleep(0.05)
+            async with open_fake_upstream() as upstream:
+                def deployment(name: str) -> dict[str, Any]:
+                    return {"model_name": "bench", "model_info": {"id": name},
+                            "litellm_params": {
+                                "model": f"openai/{name}", "api_base": f"{upstream.base_url}/v1",
+                                "api_key": "sk-upstream-secret",
+                                "input_cost_per_token": "0.000001",
+                                "output_cost_per_token": "0.000002",
+                                "rpm": 10**9, "tpm": 10**11}}
+
+                config = gateway_config(
+                    folder / "state", url, upstream.base_url,
+                    model_list=[deployment("up-a"), deployment("up-b")],
+                    router_settings={"routing_strategy": "usage-based-routing"},
+                    litellm_settings={"cache": True, "cache_params": {"ttl": 600}},
+                    triogate={"tracing": False, "redis": {"url": url, "timeout_s": 30.0}})
+                async with running_gateway(config) as gateway, httpx.AsyncClient(
+                        timeout=120) as http:
+                    store = gateway.services.store
+                    assert store is not None
+                    team = await store.create_team(
+                        max_budget_nanousd=10**6 * USD, budget_duration="30d",
+                        rpm_limit=10**9, tpm_limit=10**11)
+                    key, _ = await store.create_key(
+                        team_id=team.team_id, max_budget_nanousd=10**5 * USD,
+                        budget_duration="1d", rpm_limit=10**8, tpm_limit=10**10)
+                    await store.create_end_user(user_id="end-user-1",
+                                                max_budget_nanousd=10**4 * USD,
+                                                rpm_limit=10**8)
+                    base = gateway.openai_base
+                    await send(http, base, key, args.warmup, "warm")
+                    await gateway.services.settler.wait_drained()
+                    recording[0] = True
+                    await send(http, base, key, args.requests, "cap")
+                    await gateway.services.settler.wait_drained()
+                    recording[0] = False
+        finally:
+            server.kill()
+            server.wait()
+
+    trio.run(run)
+    RespBackend.execute = original  # type: ignore[method-assign]
+    return {"pipelines": recorded, "scripts": list(scripts)}
+
+
+def _copy(pipelines: list[Pipeline], suffix: bytes) -> list[tuple[bytes, int]]:
+    """The measured pipelines packed, every captured request id given ``suffix``."""
+    import hiredis
+
+    rename = re.compile(rb"(cap[0-9]{6}x)")
+    repl = rb"\1" + suffix
+    out = []
+    for pipeline in pipelines:
+        packed = b"".join(hiredis.pack_command(tuple(
+            rename.sub(repl, a) if b"cap" in a else a for a in wire)) for wire in pipeline)
+        out.append((packed, len(pipeline)))
+    return out
+
+
+def _failed(reply: object) -> bool:
+    """An error reply, or a fused script's reply whose last element lists raised errors
+    (``triogate/batch/_fusion.py``): the replay would not be the gateway's work."""
+    import hiredis
+
+    if isinstance(reply, hiredis.ReplyError):
+        return True
+    return isinstance(reply, list) and bool(reply) and isinstance(reply[-1], list) and any(
+        isinstance(e, list) for e in reply[-1])
+
+
+def _connect(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return s
+
+
+def _info(conn: socket.socket) -> dict[str, Any]:
+    import hiredis
+
+    reader = hiredis.Reader()
+    conn.sendall(hiredis.pack_command(("INFO", "cpu")) + hiredis.pack_command(
+        ("INFO", "commandstats")))
+    replies: list[Any] = []
+    while len(replies) < 2:
+        reply = reader.gets()
+        if reply is False:
+            reader.feed(conn.recv(1 << 16))
+            continue
+        replies.append(reply)
+    out: dict[str, Any] = {"usec": 0, "calls": 0}
+    for line in (replies[0] + replies[1]).decode().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("used_cpu_sys", "used_cpu_user"):
+            out[name] = float(value)
+        elif name.startswith("cmdstat_") and name != "cmdstat_info":
+            fields = dict(kv.split("=") for kv in value.split(","))
+            out["usec"] += int(fields["usec"])
+            out["calls"] += int(fields["calls"])
+    return out
+
+
+def _replay(path: str, copies: list[list[tuple[bytes, int]]]) -> float:
+    """Each copy on its own connection, one pipeline in flight each; returns wall seconds."""
+    import hiredis
+
+    sel = selectors.DefaultSelector()
+    conns = []
+    for i, copy in enumerate(copies):
+        conn = _connect(path)
+        conn.setblocking(False)
+        state = {"copy": copy, "next": 0, "want": 0, "reader": hiredis.Reader(), "i": i}
+        conns.append((conn, state))
+    started = time.perf_counter()
+    live = 0
+    for conn, state in conns:
+        packed, count = state["copy"][0]
+        conn.sendall(packed)
+        state["next"], state["want"] = 1, count
+        sel.register(conn, selectors.EVENT_READ, state)
+        live += 1
+    while live:
+        for key, _ in sel.select():
+            conn, state = key.fileobj, key.data
+            reader = state["reader"]
+            reader.feed(conn.recv(1 << 18))  # type: ignore[union-attr]
+            while state["want"]:
+                reply = reader.gets()
+                if reply is False:
+                    break
+                if _failed(reply):
+                    raise SystemExit(f"replay: a command failed: {reply!r:.300}")
+                state["want"] -= 1
+            if state["want"]:
+                continue
+            if state["next"] == len(state["copy"]):
+                sel.unregister(conn)
+                live -= 1
+                continue
+            packed, count = state["copy"][state["next"]]
+            state["next"] += 1
+            state["want"] = count
+            conn.setblocking(True)
+            conn.sendall(packed)  # type: ignore[union-attr]
+            conn.setblocking(False)
+    wall = time.perf_counter() - started
+    for conn, _ in conns:
+        conn.close()
+    return wall
+
+
+def replay(args: argparse.Namespace, folder: Path, captured: dict[str, Any]) -> list[dict]:
+    import hiredis
+
+    sock = folder / "replay.sock"
+    argv = [args.server, "--port", "0", "--unixsocket", str(sock), "--save", "",
+            "--appendonly", "no"]
+    pinned = bool(shutil.which("taskset")) and (os.cpu_count() or 1) >= 2
+    if pinned:
+        argv = ["taskset", "-c", str((os.cpu_count() or 2) - 1), *argv]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = []
+    try:
+        for _ in range(200):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        probe = _connect(str(sock))
+        reader = hiredis.Reader()
+        for source in captured["scripts"]:
+            probe.sendall(hiredis.pack_command(("SCRIPT", "LOAD", source)))
+            while reader.gets() is False:
+                reader.feed(probe.recv(1 << 16))
+        pipelines = [[tuple(bytes.fromhex(a) for a in w) for w in p]
+                     for p in captured["pipelines"]]
+        # One warm-up copy: keys created, allocator warm.
+        _replay(str(sock), [_copy(pipelines, b"-w")])
+        for rnd in range(args.rounds):
+            for c in args.concurrency:
+                copies = [_copy(pipelines, f"-{rnd}-{c}-{i}".encode())
+                          for i in range(c)]
+                before = _info(probe)
+                cpu0 = time.process_time()
+                wall = _replay(str(sock), copies)
+                driver = time.process_time() - cpu0
+                after = _info(probe)
+                n = args.requests * c
+                cpu = (after["used_cpu_sys"] + after["used_cpu_user"]
+                       - before["used_cpu_sys"] - before["used_cpu_user"])
+                rows.append({
+                    "round": rnd + 1, "concurrency": c, "requests": n,
+                    "pipelines_per_request": round(len(pipelines) / args.requests, 3),
+                    "req_per_s": round(n / wall), "server_cpu_ms_per_request": cpu * 1000 / n,
+                    "server_core_share": cpu / wall, "driver_core_share": driver / wall,
+                    "sys_ms_per_request": (after["used_cpu_sys"] - before["used_cpu_sys"])
+                    * 1000 / n,
+                    "commandstats_us_per_request": (after["usec"] - before["usec"]) / n,
+                    "pinned": pinned})
+                r = rows[-1]
+                print(f"round {rnd + 1} C={c:>4}: {r['req_per_s']:>6} req/s, server "
+                      f"{r['server_cpu_ms_per_request']:.3f} ms/req (sys "
+                      f"{r['sys_ms_per_request']:.3f}), server core {r['server_core_share']:.0%}"
+                      f", driver core {r['driver_core_share']:.0%}, commandstats "
+                      f"{r['commandstats_us_per_request']:.0f} µs/req", flush=True)
+        probe.close()
+    finally:
+        server.kill()
+        server.wait()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400, help="requests captured")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--capture-connections", type=int, default=32,
+                        help="connections of the captured run (sets the settler's groups)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--server", default=None,
+                        help="server binary (default: the embedded valkey-server)")
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    parser.add_argument("--capture-child", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.server is None:
+        sys.path.insert(0, str(ROOT))
+        from triogate.redis_server import find_server_binary
+        args.server = find_server_binary()
+    with tempfile.TemporaryDirectory(prefix="triogate-cap-") as tmp:
+        folder = Path(tmp)
+        if args.capture_child is not None:
+            captured = capture(args, folder)
+            args.capture_child.write_text(json.dumps({
+                "scripts": [s.decode() for s in captured["scripts"]],
+                "pipelines": [[[a.hex() for a in w] for w in p]
+                              for p in captured["pipelines"]]}))
+            return
+        # The capture runs in a child: its gateway and trio are gone before the replay.
+        out = folder / "captured.json"
+        subprocess.run([sys.executable, __file__, "--capture-child", str(out),
+                        "--requests", str(args.requests), "--warmup", str(args.warmup),
+                        "--capture-connections", str(args.capture_connections),
+                        "--server", args.server], check=True, cwd=ROOT)
+        captured = json.loads(out.read_text())
+        print(f"captured {len(captured['pipelines'])} pipelines for {args.requests} "
+              f"requests, {len(captured['scripts'])} scripts", flush=True)
+        rows = replay(args, folder, captured)
+    if args.out:
+        args.out.write_text(json.dumps({"server": args.server, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
