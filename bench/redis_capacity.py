@@ -36,6 +36,7 @@ core carries for this shape; when it is not, the driver was the limit (said in t
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import re
@@ -218,27 +219,39 @@ def _info(conn: socket.socket) -> dict[str, Any]:
     return out
 
 
-def _replay(path: str, copies: list[list[tuple[bytes, int]]]) -> float:
-    """Each copy on its own connection, one pipeline in flight each; returns wall seconds."""
+def _replay(path: str, copies: list[list[tuple[bytes, int]]], gap_s: float = 0.0) -> float:
+    """Each copy on its own connection, one pipeline in flight each; a connection waits
+    ``gap_s`` between a pipeline's last reply and its next pipeline (a gateway's own work
+    between its requests' rounds). Returns wall seconds."""
     import hiredis
 
     sel = selectors.DefaultSelector()
     conns = []
-    for i, copy in enumerate(copies):
+    for copy in copies:
         conn = _connect(path)
         conn.setblocking(False)
-        state = {"copy": copy, "next": 0, "want": 0, "reader": hiredis.Reader(), "i": i}
-        conns.append((conn, state))
-    started = time.perf_counter()
-    live = 0
-    for conn, state in conns:
-        packed, count = state["copy"][0]
+        conns.append((conn, {"copy": copy, "next": 0, "want": 0, "reader": hiredis.Reader()}))
+    waiting: list[tuple[float, int]] = []  # (when, index into conns): heap of paused sends
+
+    def send_next(conn: socket.socket, state: dict[str, Any]) -> None:
+        packed, count = state["copy"][state["next"]]
+        state["next"] += 1
+        state["want"] = count
+        conn.setblocking(True)
         conn.sendall(packed)
-        state["next"], state["want"] = 1, count
+        conn.setblocking(False)
+
+    started = time.perf_counter()
+    live = len(conns)
+    for conn, state in conns:
+        send_next(conn, state)
         sel.register(conn, selectors.EVENT_READ, state)
-        live += 1
+    index = {id(state): i for i, (_, state) in enumerate(conns)}
     while live:
-        for key, _ in sel.select():
+        timeout = None
+        if waiting:
+            timeout = max(0.0, waiting[0][0] - time.perf_counter())
+        for key, _ in sel.select(timeout):
             conn, state = key.fileobj, key.data
             reader = state["reader"]
             reader.feed(conn.recv(1 << 18))  # type: ignore[union-attr]
@@ -254,13 +267,14 @@ def _replay(path: str, copies: list[list[tuple[bytes, int]]]) -> float:
             if state["next"] == len(state["copy"]):
                 sel.unregister(conn)
                 live -= 1
-                continue
-            packed, count = state["copy"][state["next"]]
-            state["next"] += 1
-            state["want"] = count
-            conn.setblocking(True)
-            conn.sendall(packed)  # type: ignore[union-attr]
-            conn.setblocking(False)
+            elif gap_s:
+                heapq.heappush(waiting, (time.perf_counter() + gap_s, index[id(state)]))
+            else:
+                send_next(conn, state)  # type: ignore[arg-type]
+        now = time.perf_counter()
+        while waiting and waiting[0][0] <= now:
+            _, i = heapq.heappop(waiting)
+            send_next(*conns[i])
     wall = time.perf_counter() - started
     for conn, _ in conns:
         conn.close()
@@ -294,19 +308,19 @@ def replay(args: argparse.Namespace, folder: Path, captured: dict[str, Any]) -> 
         # One warm-up copy: keys created, allocator warm.
         _replay(str(sock), [_copy(pipelines, b"-w")])
         for rnd in range(args.rounds):
-            for c in args.concurrency:
-                copies = [_copy(pipelines, f"-{rnd}-{c}-{i}".encode())
+            for c, gap_ms in [(c, g) for c in args.concurrency for g in args.gap_ms]:
+                copies = [_copy(pipelines, f"-{rnd}-{c}-{gap_ms:g}-{i}".encode())
                           for i in range(c)]
                 before = _info(probe)
                 cpu0 = time.process_time()
-                wall = _replay(str(sock), copies)
+                wall = _replay(str(sock), copies, gap_ms / 1000)
                 driver = time.process_time() - cpu0
                 after = _info(probe)
                 n = args.requests * c
                 cpu = (after["used_cpu_sys"] + after["used_cpu_user"]
                        - before["used_cpu_sys"] - before["used_cpu_user"])
                 rows.append({
-                    "round": rnd + 1, "concurrency": c, "requests": n,
+                    "round": rnd + 1, "concurrency": c, "gap_ms": gap_ms, "requests": n,
                     "pipelines_per_request": round(len(pipelines) / args.requests, 3),
                     "req_per_s": round(n / wall), "server_cpu_ms_per_request": cpu * 1000 / n,
                     "server_core_share": cpu / wall, "driver_core_share": driver / wall,
@@ -315,7 +329,8 @@ def replay(args: argparse.Namespace, folder: Path, captured: dict[str, Any]) -> 
                     "commandstats_us_per_request": (after["usec"] - before["usec"]) / n,
                     "pinned": pinned})
                 r = rows[-1]
-                print(f"round {rnd + 1} C={c:>4}: {r['req_per_s']:>6} req/s, server "
+                print(f"round {rnd + 1} C={c:>4} gap {gap_ms:g} ms: {r['req_per_s']:>6} req/s, "
+                      f"server "
                       f"{r['server_cpu_ms_per_request']:.3f} ms/req (sys "
                       f"{r['sys_ms_per_request']:.3f}), server core {r['server_core_share']:.0%}"
                       f", driver core {r['driver_core_share']:.0%}, commandstats "
@@ -335,6 +350,9 @@ def main() -> None:
                         help="connections of the captured run (sets the settler's groups)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--gap-ms", type=float, nargs="+", default=[0.0],
+                        help="pause of each connection between its pipelines (a gateway's own "
+                             "work between rounds); every concurrency runs with every gap")
     parser.add_argument("--server", default=None,
                         help="server binary (default: the embedded valkey-server)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
