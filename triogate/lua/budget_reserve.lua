@@ -58,46 +58,49 @@ local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_admit.
 local PARALLEL_RETRY_MS = 1000
 -- A window's field that keeps it out of the listpack encoding (see rate_admit.lua).
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
-
--- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
--- whose clock is fast must not expire other gateways' live leases. A caller whose clock
--- is behind Redis's judges (and writes) by its own, which only purges later; holders
--- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
--- effects, so TIME may precede writes.
-local function lease_clock(caller_ms)
-  local t = redis.call('TIME')
-  local us = t[2] + 0
-  local server_ms = t[1] * 1000 + (us - us % 1000) / 1000
-  if caller_ms < server_ms then return caller_ms end
-  return server_ms
-end
-
--- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
--- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
--- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
-local function int(i, min)
-  local v = ARGV[i] + 0
-  if v % 1 == 0 and v >= min and v < LIMIT then return v end
-  return nil
-end
+-- Integers go to redis.call as Lua numbers where the server writes an integer-valued
+-- number with its integer printer (Valkey 8.1+: ll2string, exact below 2^53, ~200
+-- instructions), else as '%d' strings (Redis 7.0 writes '%.17g', glibc's float printf,
+-- ~3,600 instructions against ~1,800 for string.format; Redis 7.2.0-7.2.4 wrote 1e+08):
+-- `NUM and x or fmt('%d', x)`. The test suite checks the integer printer's exactness.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
 local n = #KEYS - 3  -- rate windows admitted with the budget
 local rated = n > 0 or #ARGV > 6
 local limits = {}
-local function parse()
-  local tokens = false
+-- Integer arguments converted once each with `+ 0` (Lua 5.1's tonumber converts twice,
+-- lua_isnumber then lua_tonumber, each through strtod), which raises on a non-number or
+-- a missing argument: hence one pcall around the conversions, and the checks after it.
+local ok, now_ms, lease_ms, estimate, max_budget, ttl_ms, estimate_tokens = pcall(function()
   if rated then
-    for i = 1, n do limits[i] = int(7 + 2 * i, 0) end
-    tokens = int(7, 0)
+    for i = 1, n do limits[i] = ARGV[7 + 2 * i] + 0 end
+    return ARGV[1] + 0, ARGV[5] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[6] + 0, ARGV[7] + 0
   end
-  return int(1, 0), int(5, 1), int(3, 0), int(4, 0), int(6, 0), tokens
-end
-local ok, now_ms, lease_ms, estimate, max_budget, ttl_ms, estimate_tokens = pcall(parse)
-if not ok then
+  return ARGV[1] + 0, ARGV[5] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[6] + 0
+end)
+if ok then
+  -- int() written out: a Lua call per argument costs more than its check.
+  if not (now_ms % 1 == 0 and now_ms >= 0 and now_ms < LIMIT) then now_ms = nil end
+  if not (lease_ms % 1 == 0 and lease_ms >= 1 and lease_ms < LIMIT) then lease_ms = nil end
+  if not (estimate % 1 == 0 and estimate >= 0 and estimate < LIMIT) then estimate = nil end
+  if not (max_budget % 1 == 0 and max_budget >= 0 and max_budget < LIMIT) then
+    max_budget = nil
+  end
+  if not (ttl_ms % 1 == 0 and ttl_ms >= 0 and ttl_ms < LIMIT) then ttl_ms = nil end
+  if rated then
+    local v = estimate_tokens
+    if not (v % 1 == 0 and v >= 0 and v < LIMIT) then estimate_tokens = nil end
+    for i = 1, n do
+      v = limits[i]
+      if not (v % 1 == 0 and v >= 0 and v < LIMIT) then limits[i] = nil end
+    end
+  end
+else
   -- A non-number somewhere: which part's? Each argument alone (a refusal's slow path).
   local function safe(i, min)
-    local good, v = pcall(int, i, min)
-    if good then return v end
+    local good, v = pcall(function() return ARGV[i] + 0 end)
+    if good and v % 1 == 0 and v >= min and v < LIMIT then return v end
     return nil
   end
   now_ms, lease_ms, estimate, max_budget, ttl_ms = safe(1, 0), safe(5, 1), safe(3, 0),
@@ -115,22 +118,31 @@ if not rated and not budget_ok then return redis.error_reply(BUDGET_REFUSAL) end
 local kinds = {}
 local rate_ok = rated and now_ms and lease_ms and estimate_tokens and n > 0
   and #ARGV == 6 + 1 + 2 * n
+local parallel = false
 if rated then
   for i = 1, n do
-    kinds[i] = ARGV[6 + 2 * i]
-    if not limits[i] or not (kinds[i] == 'r' or kinds[i] == 't' or kinds[i] == 'p') then
+    local kind = ARGV[6 + 2 * i]
+    kinds[i] = kind
+    if kind == 'p' then parallel = true end
+    if not limits[i] or not (kind == 'r' or kind == 't' or kind == 'p') then
       rate_ok = false
     end
   end
 end
 local request_id = ARGV[2]
+-- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
+-- whose clock is fast must not expire other gateways' live leases. A caller whose clock
+-- is behind Redis's judges (and writes) by its own, which only purges later; holders
+-- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
+-- effects, so TIME may precede writes. lease_now = min(now_ms, Redis's ms), inline (a
+-- closure per call costs more than the lines): for the budget, or when a parallel window
+-- needs leases judged (rate_admit.lua: TIME only then).
 local lease_now = nil
-if budget_ok then
-  lease_now = lease_clock(now_ms)
-elseif rate_ok then  -- TIME only when a parallel window needs leases judged (rate_admit.lua)
-  for i = 1, n do
-    if kinds[i] == 'p' then lease_now = lease_clock(now_ms) break end
-  end
+if budget_ok or (rate_ok and parallel) then
+  local t = redis.call('TIME')
+  local us = t[2] + 0
+  lease_now = t[1] * 1000 + (us - us % 1000) / 1000
+  if now_ms < lease_now then lease_now = now_ms end
 end
 
 -- The budget: the reply's first three elements (or the refusal).
@@ -172,15 +184,15 @@ else
     end
   else
     -- HSETNX writes nothing for a request id that already holds a reservation: a replay.
-    -- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
-    local estimate_s = string.format('%d', estimate)
+    local estimate_s = NUM and estimate or fmt('%d', estimate)
     if redis.call('HSETNX', KEYS[2], request_id, estimate_s) == 0 then
       out = {1, spend, reserved}
     else
       redis.call('HINCRBY', KEYS[1], 'reserved', estimate_s)
-      redis.call('ZADD', KEYS[3], string.format('%d', lease_now + lease_ms), request_id)
+      local expiry = lease_now + lease_ms
+      redis.call('ZADD', KEYS[3], NUM and expiry or fmt('%d', expiry), request_id)
       if ttl_ms > 0 then
-        local ttl_s = string.format('%d', ttl_ms)
+        local ttl_s = NUM and ttl_ms or fmt('%d', ttl_ms)
         if not counters_exist then redis.call('PEXPIRE', KEYS[1], ttl_s) end
         if not holds_exist then
           redis.call('PEXPIRE', KEYS[2], ttl_s)
@@ -202,14 +214,15 @@ end
 -- keep the two identical), with window i at KEYS[3 + i]; appended to `out` from `base`.
 local base = #out
 local estimate_t = estimate_tokens
-local current = math.floor(now_ms / BUCKET_MS)
-local current_s = string.format('%d', current)
+local current = (now_ms - now_ms % BUCKET_MS) / BUCKET_MS  -- floor (now_ms >= 0), no C call
+local current_s = NUM and current or fmt('%d', current)
 local oldest = current - BUCKETS + 1
 local ROLL_MAX = 64
-local used, stale, origin, bucket_now = {}, {}, {}, {}
+local used, origin, bucket_now = {}, {}, {}
+local stale = false  -- a table only when some window has buckets to drop
 for i = 1, n do
   if kinds[i] == 'p' then
-    used[i] = redis.call('ZCOUNT', KEYS[3 + i], string.format('(%d', lease_now), '+inf')
+    used[i] = redis.call('ZCOUNT', KEYS[3 + i], fmt('(%d', lease_now), '+inf')
   else
     local key = KEYS[3 + i]
     local head = redis.call('HMGET', key, 't', 'o', current_s)
@@ -247,7 +260,11 @@ for i = 1, n do
         end
       end
     end
-    used[i], stale[i], origin[i] = total, old, low
+    used[i], origin[i] = total, low
+    if old then
+      stale = stale or {}
+      stale[i] = old
+    end
   end
 end
 
@@ -307,30 +324,41 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
     redis.call('ZADD', key, lease_now + lease_ms, request_id)
     redis.call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
-    out[base + 3 + i] = math.max(limits[i] - used[i] - 1, 0)
+    local left = limits[i] - used[i] - 1
+    out[base + 3 + i] = left > 0 and left or 0
   else
     local add = 1
     if kinds[i] == 't' then add = estimate_t end
-    if stale[i] then redis.call('HDEL', key, unpack(stale[i])) end
+    local old = stale and stale[i]
+    if old then redis.call('HDEL', key, unpack(old)) end
     local low = origin[i]
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
       local before = bucket_now[i]
       if before then
-        redis.call('HSET', key, current_s, string.format('%d', before + add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+        local b, t = before + add, used[i] + add
+        if NUM then
+          redis.call('HSET', key, current_s, b, 't', t, 'o', low)
+        else
+          redis.call('HSET', key, current_s, fmt('%d', b), 't', fmt('%d', t), 'o', fmt('%d', low))
+        end
       else
-        redis.call('HSET', key, current_s, string.format('%d', add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low),
-          PAD_FIELD, PAD)
+        local t = used[i] + add
+        if NUM then
+          redis.call('HSET', key, current_s, add, 't', t, 'o', low, PAD_FIELD, PAD)
+        else
+          redis.call('HSET', key, current_s, fmt('%d', add), 't', fmt('%d', t),
+            'o', fmt('%d', low), PAD_FIELD, PAD)
+        end
         redis.call('PEXPIRE', key, WINDOW_TTL_MS)
       end
     elseif used[i] == 0 then
       redis.call('DEL', key)
-    elseif stale[i] or redis.call('EXISTS', key) == 1 then
+    elseif old or redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 't', used[i], 'o', low)
     end
-    out[base + 3 + i] = math.max(limits[i] - used[i] - add, 0)
+    local left = limits[i] - used[i] - add  -- math.max without its C call
+    out[base + 3 + i] = left > 0 and left or 0
   end
 end
 return out
