@@ -40,24 +40,40 @@ local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_settle
 -- HSETNX/HMGET. Readers skip it (its name is not a request id or bucket).
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
--- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
--- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
--- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
-local function int(i, min)
-  local v = ARGV[i] + 0
-  if v % 1 == 0 and v >= min and v < LIMIT then return v end
-  return nil
-end
+-- Integers go to redis.call as Lua numbers where the server prints them exactly and
+-- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
+-- Integer arguments converted once each with `+ 0` (Lua 5.1's tonumber converts twice,
+-- lua_isnumber then lua_tonumber, each through strtod), which raises on a non-number or
+-- a missing argument: one pcall around the conversions, the checks after it (written
+-- out: a Lua call per argument costs more than its check).
 local n = #KEYS - 4  -- rate windows settled with the budget
 local rated = n > 0 or #ARGV > 4
 local ok, actual, ttl_ms, marker_ttl_ms, bucket, estimate_tokens, actual_tokens, now_ms =
   pcall(function()
     if rated then
-      return int(2, 0), int(3, 0), int(4, 1), int(6, 0), int(7, 0), int(8, 0), int(9, 0)
+      return ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0,
+        ARGV[9] + 0
     end
-    return int(2, 0), int(3, 0), int(4, 1)
+    return ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
   end)
+if ok then
+  if not (actual % 1 == 0 and actual >= 0 and actual < LIMIT) then actual = nil end
+  if not (ttl_ms % 1 == 0 and ttl_ms >= 0 and ttl_ms < LIMIT) then ttl_ms = nil end
+  if not (marker_ttl_ms % 1 == 0 and marker_ttl_ms >= 1 and marker_ttl_ms < LIMIT) then
+    marker_ttl_ms = nil
+  end
+  if rated then
+    if not (bucket % 1 == 0 and bucket >= 0 and bucket < LIMIT) then bucket = nil end
+    local v = estimate_tokens
+    if not (v % 1 == 0 and v >= 0 and v < LIMIT) then estimate_tokens = nil end
+    v = actual_tokens
+    if not (v % 1 == 0 and v >= 0 and v < LIMIT) then actual_tokens = nil end
+    if not (now_ms % 1 == 0 and now_ms >= 0 and now_ms < LIMIT) then now_ms = nil end
+  end
+end
 local mode = ARGV[5]
 local ok_args = ok and actual and ttl_ms and marker_ttl_ms and n >= 0
 if rated then
@@ -96,8 +112,9 @@ end
 -- bucket, a bucket below `o` is left alone, and only a write that creates a bucket arms
 -- the window's TTL.
 if rated then
-  local in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
-  local bucket_s = string.format('%d', bucket)
+  -- floor(now_ms / BUCKET_MS) without its C call (now_ms >= 0)
+  local in_window = bucket > (now_ms - now_ms % BUCKET_MS) / BUCKET_MS - BUCKETS
+  local bucket_s = NUM and bucket or fmt('%d', bucket)
   local function adjust(key, delta)
     if delta == 0 or not in_window then return end
     local state = redis.call('HMGET', key, bucket_s, 't', 'o')
@@ -107,11 +124,12 @@ if rated then
     local value = before + delta
     local total = state[2] and state[2] + 0
     if value > 0 then
+      if not NUM then value = fmt('%d', value) end
       if total then
-        redis.call('HSET', key, bucket_s, string.format('%d', value),
-          't', string.format('%d', total + delta))
+        local t = total + delta
+        redis.call('HSET', key, bucket_s, value, 't', NUM and t or fmt('%d', t))
       else
-        redis.call('HSET', key, bucket_s, string.format('%d', value))
+        redis.call('HSET', key, bucket_s, value)
       end
       if not state[1] then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
     else
