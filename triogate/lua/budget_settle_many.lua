@@ -31,6 +31,10 @@
 local LIMIT = 9007199254740992
 local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_settle.lua
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
+-- Integers go to redis.call as Lua numbers where the server prints them exactly and
+-- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
 local function int(v, min)
   v = v + 0
@@ -153,15 +157,19 @@ if n > 0 and #fresh > 0 then
     local value = before + delta
     local total = s2 and s2 + 0
     if value > 0 then
-      set(bucket_s, string.format('%d', value))
-      if total then set('t', string.format('%d', total + delta)) end
+      set(bucket_s, NUM and value or fmt('%d', value))
+      if total then
+        local t = total + delta
+        set('t', NUM and t or fmt('%d', t))
+      end
       if not s1 then w.expire = true end
     else
       set(bucket_s, false)
       if total and total - before <= 0 then
         w.values, w.dirty, w.deleted, w.expire = {}, {}, true, false
       elseif total then
-        set('t', string.format('%d', total - before))
+        local t = total - before
+        set('t', NUM and t or fmt('%d', t))
       end
     end
   end
@@ -175,8 +183,8 @@ if n > 0 and #fresh > 0 then
       for k = 1, #applied do
         local r = applied[k]
         bucket, now_ms = r.bucket, r.now
-        in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
-        bucket_s = string.format('%d', bucket)
+        in_window = bucket > (now_ms - now_ms % BUCKET_MS) / BUCKET_MS - BUCKETS  -- floor
+        bucket_s = NUM and bucket or fmt('%d', bucket)
         if r.mode == 'u' then
           if kind == 'r' then adjust(-1) else adjust(-r.estimate) end
         elseif r.mode == 'a' and kind == 't' then
