@@ -53,6 +53,10 @@ local LIMIT = 9007199254740992
 -- window holds up to 62 fields) is scanned per field of every HMGET/HSET. Written with
 -- each new bucket (when the TTL is armed); not a bucket, skipped by every reader.
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
+-- Integers go to redis.call as Lua numbers where the server prints them exactly and
+-- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
 -- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
 -- whose clock is fast must not expire other gateways' live leases. A caller whose clock
@@ -99,19 +103,18 @@ local lease_now = nil
 for i = 1, n do
   if kinds[i] == 'p' then lease_now = lease_clock(now_ms) break end
 end
-local current = math.floor(now_ms / BUCKET_MS)
--- Numbers go to redis.call as '%d' strings: a Lua number would be written with '%.17g',
--- the C library's costly floating-point path, and these are all integers.
-local current_s = string.format('%d', current)
+local current = (now_ms - now_ms % BUCKET_MS) / BUCKET_MS  -- floor (now_ms >= 0), no C call
+local current_s = NUM and current or fmt('%d', current)
 local oldest = current - BUCKETS + 1
 
 -- Read every window: total in window (t after removing old buckets), the new `o`, and
 -- the fields to drop when admitted.
 local ROLL_MAX = 64
-local used, stale, origin, bucket_now = {}, {}, {}, {}
+local used, origin, bucket_now = {}, {}, {}
+local stale = false  -- a table only when some window has buckets to drop
 for i = 1, n do
   if kinds[i] == 'p' then
-    used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', lease_now), '+inf')
+    used[i] = redis.call('ZCOUNT', KEYS[i], fmt('(%d', lease_now), '+inf')
   else
     local key = KEYS[i]
     local head = redis.call('HMGET', key, 't', 'o', current_s)
@@ -150,7 +153,11 @@ for i = 1, n do
         end
       end
     end
-    used[i], stale[i], origin[i] = total, old, low
+    used[i], origin[i] = total, low
+    if old then
+      stale = stale or {}
+      stale[i] = old
+    end
   end
 end
 
@@ -214,31 +221,42 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
     redis.call('ZADD', key, lease_now + lease_ms, request_id)
     redis.call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
-    result[3 + i] = math.max(limits[i] - used[i] - 1, 0)
+    local left = limits[i] - used[i] - 1
+    result[3 + i] = left > 0 and left or 0
   else
     local add = 1
     if kinds[i] == 't' then add = estimate end
-    if stale[i] then redis.call('HDEL', key, unpack(stale[i])) end
+    local old = stale and stale[i]
+    if old then redis.call('HDEL', key, unpack(old)) end
     local low = origin[i]
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
       local before = bucket_now[i]
       if before then
-        redis.call('HSET', key, current_s, string.format('%d', before + add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+        local b, t = before + add, used[i] + add
+        if NUM then
+          redis.call('HSET', key, current_s, b, 't', t, 'o', low)
+        else
+          redis.call('HSET', key, current_s, fmt('%d', b), 't', fmt('%d', t), 'o', fmt('%d', low))
+        end
       else
         -- The TTL is armed by the write that creates a bucket (see the header); PAD too.
-        redis.call('HSET', key, current_s, string.format('%d', add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low),
-          PAD_FIELD, PAD)
+        local t = used[i] + add
+        if NUM then
+          redis.call('HSET', key, current_s, add, 't', t, 'o', low, PAD_FIELD, PAD)
+        else
+          redis.call('HSET', key, current_s, fmt('%d', add), 't', fmt('%d', t),
+            'o', fmt('%d', low), PAD_FIELD, PAD)
+        end
         redis.call('PEXPIRE', key, WINDOW_TTL_MS)
       end
     elseif used[i] == 0 then
       redis.call('DEL', key)  -- nothing left in the window
-    elseif stale[i] or redis.call('EXISTS', key) == 1 then
+    elseif old or redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 't', used[i], 'o', low)
     end
-    result[3 + i] = math.max(limits[i] - used[i] - add, 0)
+    local left = limits[i] - used[i] - add  -- math.max without its C call
+    result[3 + i] = left > 0 and left or 0
   end
 end
 return result
