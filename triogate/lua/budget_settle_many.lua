@@ -36,71 +36,87 @@ local PAD_FIELD, PAD = '~', '---------------------------------------------------
 local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
 local fmt = string.format
 
-local function int(v, min)
-  v = v + 0
-  if v % 1 == 0 and v >= min and v < LIMIT then return v end
-  return nil
-end
-
 local n = #KEYS - 4  -- rate windows settled with the budget
 local refused = 'ERR budget_settle_many: expected per request an argument count and '
   .. 'budget_settle.lua\'s arguments, the same window kinds in each, distinct keys'
 if n < 0 then return redis.error_reply(refused) end
-do
-  local seen = {}
-  for i = 1, #KEYS do
-    if seen[KEYS[i]] then return redis.error_reply(refused) end
-    seen[KEYS[i]] = true
+-- Distinct keys: compared pairwise (interned strings: a pointer compare each), cheaper
+-- for a handful of keys than a table of seen keys (a hash insert each).
+for i = 2, #KEYS do
+  local key = KEYS[i]
+  for j = 1, i - 1 do
+    if KEYS[j] == key then return redis.error_reply(refused) end
   end
 end
 
--- Parse every request (a refusal writes nothing).
+-- A request is an array, its fields at these indices: built by one constructor (sized
+-- once; named fields cost a hash insert each, the most expensive part of a parse).
+local ID, ACTUAL, TTL, MARKER_TTL, MODE, BUCKET, ESTIMATE, TOKENS, NOW, AT, APPLIED,
+  RELEASED = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
+
+-- Parse every request (a refusal writes nothing). Integers are converted with `+ 0`
+-- (it raises on a non-number: hence the pcall) and checked inline: integral, >= their
+-- minimum (1 for the marker TTL, 4 for an argument count, else 0), below 2^53.
 local reqs = {}
 local ok, good = pcall(function()
-  local at, argc = 1, #ARGV
+  local at, argc, m = 1, #ARGV, 0
   while at <= argc do
-    local c = int(ARGV[at], 4)
-    if not c or at + c > argc then return false end
-    -- every field in the constructor: the table is sized once (no rehash as fields come)
-    local r = {id = ARGV[at + 1], actual = int(ARGV[at + 2], 0), ttl = int(ARGV[at + 3], 0),
-      marker_ttl = int(ARGV[at + 4], 1), mode = false, bucket = false, estimate = false,
-      tokens = false, now = false, at = at, applied = false, released = 0}
-    if not (r.actual and r.ttl and r.marker_ttl) then return false end
+    local c = ARGV[at] + 0
+    if not (c % 1 == 0 and c >= 4 and c < LIMIT) or at + c > argc then return false end
+    local actual, ttl, marker_ttl = ARGV[at + 2] + 0, ARGV[at + 3] + 0, ARGV[at + 4] + 0
+    if not (actual % 1 == 0 and actual >= 0 and actual < LIMIT
+            and ttl % 1 == 0 and ttl >= 0 and ttl < LIMIT
+            and marker_ttl % 1 == 0 and marker_ttl >= 1 and marker_ttl < LIMIT) then
+      return false
+    end
+    local r
     if n > 0 then
       if c ~= 9 + n then return false end
-      r.mode, r.bucket = ARGV[at + 5], int(ARGV[at + 6], 0)
-      r.estimate, r.tokens, r.now = int(ARGV[at + 7], 0), int(ARGV[at + 8], 0),
-        int(ARGV[at + 9], 0)
-      if not (r.bucket and r.estimate and r.tokens and r.now) then return false end
-      if not (r.mode == 'a' or r.mode == 'u' or r.mode == 'x') then return false end
+      local mode = ARGV[at + 5]
+      local bucket, estimate, tokens, now = ARGV[at + 6] + 0, ARGV[at + 7] + 0,
+        ARGV[at + 8] + 0, ARGV[at + 9] + 0
+      if not (bucket % 1 == 0 and bucket >= 0 and bucket < LIMIT
+              and estimate % 1 == 0 and estimate >= 0 and estimate < LIMIT
+              and tokens % 1 == 0 and tokens >= 0 and tokens < LIMIT
+              and now % 1 == 0 and now >= 0 and now < LIMIT) then
+        return false
+      end
+      if not (mode == 'a' or mode == 'u' or mode == 'x') then return false end
       for i = 1, n do
         local k = ARGV[at + 9 + i]
         if not (k == 'r' or k == 't' or k == 'p') then return false end
-        if #reqs > 0 and k ~= ARGV[reqs[1].at + 9 + i] then return false end
+        if m > 0 and k ~= ARGV[reqs[1][AT] + 9 + i] then return false end
       end
+      r = {ARGV[at + 1], actual, ttl, marker_ttl, mode, bucket, estimate, tokens, now, at,
+        false, 0}
     elseif c ~= 4 then
       return false
+    else
+      r = {ARGV[at + 1], actual, ttl, marker_ttl, false, false, false, false, false, at,
+        false, 0}
     end
-    reqs[#reqs + 1] = r
+    m = m + 1
+    reqs[m] = r
     at = at + 1 + c
   end
-  return #reqs > 0
+  return m > 0
 end)
 if not (ok and good) then return redis.error_reply(refused) end
 local m = #reqs
 
 -- Reads first: markers, then the holds of the requests to apply.
 local ids = {}
-for j = 1, m do ids[j] = reqs[j].id end
+for j = 1, m do ids[j] = reqs[j][ID] end
 local marks = redis.call('HMGET', KEYS[4], unpack(ids))
 local seen, fresh, applied = {}, {}, {}
 for j = 1, m do
   local r = reqs[j]
-  if not marks[j] and not seen[r.id] then
-    seen[r.id] = true
-    r.applied = true
+  local id = r[ID]
+  if not marks[j] and not seen[id] then
+    seen[id] = true
+    r[APPLIED] = true
     applied[#applied + 1] = r
-    fresh[#fresh + 1] = r.id
+    fresh[#fresh + 1] = id
   end
 end
 local amounts = {}
@@ -119,7 +135,7 @@ if #fresh > 0 then
   end
   redis.call('HSET', KEYS[4], unpack(fields))
   if redis.call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
-    redis.call('PEXPIRE', KEYS[4], applied[1].marker_ttl)
+    redis.call('PEXPIRE', KEYS[4], applied[1][MARKER_TTL])
   end
 end
 
@@ -173,7 +189,7 @@ if n > 0 and #fresh > 0 then
       end
     end
   end
-  local first = reqs[1].at
+  local first = reqs[1][AT]
   for i = 1, n do
     local kind, key = ARGV[first + 9 + i], KEYS[4 + i]
     if kind == 'p' then
@@ -182,13 +198,14 @@ if n > 0 and #fresh > 0 then
       w = {key = key, values = {}, deleted = false, dirty = {}, expire = false}
       for k = 1, #applied do
         local r = applied[k]
-        bucket, now_ms = r.bucket, r.now
+        bucket, now_ms = r[BUCKET], r[NOW]
         in_window = bucket > (now_ms - now_ms % BUCKET_MS) / BUCKET_MS - BUCKETS  -- floor
         bucket_s = NUM and bucket or fmt('%d', bucket)
-        if r.mode == 'u' then
-          if kind == 'r' then adjust(-1) else adjust(-r.estimate) end
-        elseif r.mode == 'a' and kind == 't' then
-          adjust(r.tokens - r.estimate)
+        local mode = r[MODE]
+        if mode == 'u' then
+          if kind == 'r' then adjust(-1) else adjust(-r[ESTIMATE]) end
+        elseif mode == 'a' and kind == 't' then
+          adjust(r[TOKENS] - r[ESTIMATE])
         end
       end
       if w.deleted then redis.call('DEL', key) end
@@ -213,13 +230,14 @@ end
 local found, released_sum, charged, ttl = {}, 0, 0, nil
 for k = 1, #applied do
   local r, amount = applied[k], amounts[k]
-  r.released = amount or 0
+  r[RELEASED] = amount or 0
   if amount then
-    found[#found + 1] = r.id
+    found[#found + 1] = r[ID]
     released_sum = released_sum + amount
   end
-  charged = charged + r.actual
-  if r.actual > 0 and r.ttl > 0 and not amount then ttl = r.ttl end
+  local actual = r[ACTUAL]
+  charged = charged + actual
+  if actual > 0 and r[TTL] > 0 and not amount then ttl = r[TTL] end
 end
 if #found > 0 then
   redis.call('HDEL', KEYS[2], unpack(found))
@@ -239,9 +257,9 @@ end
 local out = {}
 for j = m, 1, -1 do
   local r = reqs[j]
-  if r.applied then
-    out[j] = {1, r.released, spend}
-    spend = spend - r.actual
+  if r[APPLIED] then
+    out[j] = {1, r[RELEASED], spend}
+    spend = spend - r[ACTUAL]
   else
     out[j] = {0, 0, spend}
   end
