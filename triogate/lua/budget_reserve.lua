@@ -68,7 +68,9 @@ local fmt = string.format
 
 local n = #KEYS - 3  -- rate windows admitted with the budget
 local rated = n > 0 or #ARGV > 6
-local limits = {}
+-- Per-window arrays are built by constructors sized for three windows (a principal's r,
+-- t and p): a table that grows is rehashed at every power of two, ~500 instructions each.
+local limits = {false, false, false}
 -- Integer arguments converted once each with `+ 0` (Lua 5.1's tonumber converts twice,
 -- lua_isnumber then lua_tonumber, each through strtod), which raises on a non-number or
 -- a missing argument: hence one pcall around the conversions, and the checks after it.
@@ -115,7 +117,7 @@ local budget_ok = now_ms and lease_ms and estimate and max_budget and ttl_ms
 local BUDGET_REFUSAL = 'ERR budget_reserve: expected 6 arguments: now_ms, request_id, '
   .. 'estimate, max_budget, lease_ms (> 0), ttl_ms, all integers >= 0 but request_id'
 if not rated and not budget_ok then return redis.error_reply(BUDGET_REFUSAL) end
-local kinds = {}
+local kinds = {false, false, false}
 local rate_ok = rated and now_ms and lease_ms and estimate_tokens and n > 0
   and #ARGV == 6 + 1 + 2 * n
 local parallel = false
@@ -218,7 +220,7 @@ local current = (now_ms - now_ms % BUCKET_MS) / BUCKET_MS  -- floor (now_ms >= 0
 local current_s = NUM and current or fmt('%d', current)
 local oldest = current - BUCKETS + 1
 local ROLL_MAX = 64
-local used, origin, bucket_now = {}, {}, {}
+local used, origin, bucket_now = {0, 0, 0}, {0, 0, 0}, {false, false, false}
 local stale = false  -- a table only when some window has buckets to drop
 for i = 1, n do
   if kinds[i] == 'p' then
