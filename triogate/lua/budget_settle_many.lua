@@ -28,6 +28,10 @@
 -- Everything that can raise on stored data (a hold's amount) is read before the first
 -- write. Integers only for money, exact up to 2^53, as in budget_settle.lua.
 
+-- Globals are looked up in Redis's protected global table, ~200 instructions each: the
+-- ones used often are aliased once (in a fused call KEYS and ARGV are locals already).
+local call, KEYS, ARGV = redis.call, KEYS, ARGV
+
 local LIMIT = 9007199254740992
 local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_settle.lua
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
@@ -107,7 +111,7 @@ local m = #reqs
 -- Reads first: markers, then the holds of the requests to apply.
 local ids = {}
 for j = 1, m do ids[j] = reqs[j][ID] end
-local marks = redis.call('HMGET', KEYS[4], unpack(ids))
+local marks = call('HMGET', KEYS[4], unpack(ids))
 local seen, fresh, applied = {}, {}, {}
 for j = 1, m do
   local r = reqs[j]
@@ -121,7 +125,7 @@ for j = 1, m do
 end
 local amounts = {}
 if #fresh > 0 then
-  local held = redis.call('HMGET', KEYS[2], unpack(fresh))
+  local held = call('HMGET', KEYS[2], unpack(fresh))
   for k = 1, #fresh do
     if held[k] then amounts[k] = held[k] + 0 else amounts[k] = false end
   end
@@ -133,9 +137,9 @@ if #fresh > 0 then
     fields[2 * k - 1] = fresh[k]
     fields[2 * k] = '1'
   end
-  redis.call('HSET', KEYS[4], unpack(fields))
-  if redis.call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
-    redis.call('PEXPIRE', KEYS[4], applied[1][MARKER_TTL])
+  call('HSET', KEYS[4], unpack(fields))
+  if call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
+    call('PEXPIRE', KEYS[4], applied[1][MARKER_TTL])
   end
 end
 
@@ -153,7 +157,7 @@ if n > 0 and #fresh > 0 then
     local values = w.values
     local x1, x2, x3 = values[f1], values[f2], values[f3]
     if not w.deleted and (x1 == nil or x2 == nil or x3 == nil) then
-      local got = redis.call('HMGET', w.key, f1, f2, f3)
+      local got = call('HMGET', w.key, f1, f2, f3)
       if x1 == nil then x1 = got[1]; values[f1] = x1 end
       if x2 == nil then x2 = got[2]; values[f2] = x2 end
       if x3 == nil then x3 = got[3]; values[f3] = x3 end
@@ -193,7 +197,7 @@ if n > 0 and #fresh > 0 then
   for i = 1, n do
     local kind, key = ARGV[first + 9 + i], KEYS[4 + i]
     if kind == 'p' then
-      redis.call('ZREM', key, unpack(fresh))
+      call('ZREM', key, unpack(fresh))
     else
       w = {key = key, values = {}, deleted = false, dirty = {}, expire = false}
       for k = 1, #applied do
@@ -208,7 +212,7 @@ if n > 0 and #fresh > 0 then
           adjust(r[TOKENS] - r[ESTIMATE])
         end
       end
-      if w.deleted then redis.call('DEL', key) end
+      if w.deleted then call('DEL', key) end
       local sets, dels = {}, {}
       for f in pairs(w.dirty) do
         local x = w.values[f]
@@ -219,9 +223,9 @@ if n > 0 and #fresh > 0 then
           dels[#dels + 1] = f
         end
       end
-      if #dels > 0 and not w.deleted then redis.call('HDEL', key, unpack(dels)) end
-      if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
-      if w.expire then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+      if #dels > 0 and not w.deleted then call('HDEL', key, unpack(dels)) end
+      if #sets > 0 then call('HSET', key, unpack(sets)) end
+      if w.expire then call('PEXPIRE', key, WINDOW_TTL_MS) end
     end
   end
 end
@@ -240,16 +244,16 @@ for k = 1, #applied do
   if actual > 0 and r[TTL] > 0 and not amount then ttl = r[TTL] end
 end
 if #found > 0 then
-  redis.call('HDEL', KEYS[2], unpack(found))
-  redis.call('HINCRBY', KEYS[1], 'reserved', -released_sum)
+  call('HDEL', KEYS[2], unpack(found))
+  call('HINCRBY', KEYS[1], 'reserved', -released_sum)
 end
-if #fresh > 0 then redis.call('ZREM', KEYS[3], unpack(fresh)) end
+if #fresh > 0 then call('ZREM', KEYS[3], unpack(fresh)) end
 local spend
 if charged > 0 then
-  spend = redis.call('HINCRBY', KEYS[1], 'spend', charged)
-  if ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+  spend = call('HINCRBY', KEYS[1], 'spend', charged)
+  if ttl then call('PEXPIRE', KEYS[1], ttl) end
 else
-  local spent = redis.call('HGET', KEYS[1], 'spend')
+  local spent = call('HGET', KEYS[1], 'spend')
   spend = spent and spent + 0 or 0
 end
 
