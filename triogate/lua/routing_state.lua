@@ -58,12 +58,18 @@ local offset = ARGV[6] + 0
 -- is behind Redis's judges (and writes) by its own, which only purges later; holders
 -- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
 -- effects, so TIME may precede writes. lease_now = min(now, Redis's ms), inline.
-local lease_now
-do
+-- In read mode an in-flight ZSET that does not exist counts 0 whatever the clock: one
+-- EXISTS of the group's sets answers for all of them, and TIME and the ZCOUNTs run only
+-- when some exist (groups routed by usage or latency never claim, so theirs never do;
+-- TIME plus a ZCOUNT per deployment cost ~3 times the EXISTS).
+local lease_now, live_after = nil, nil
+local counted = claim or (n > 0 and call('EXISTS', unpack(KEYS, 4, 3 + n)) > 0)
+if counted then
   local t = call('TIME')
   local us = t[2] + 0
   lease_now = t[1] * 1000 + (us - us % 1000) / 1000
   if now < lease_now then lease_now = now end
+  if not claim then live_after = fmt('(%d', lease_now) end  -- not '(' .. n: '%.14g'
 end
 
 -- One HMGET per hash for the whole group (3 reads, whatever the number of deployments).
@@ -86,7 +92,6 @@ end
 -- fails, cooldown_until_ms, in_flight, latency), read back by the claim below; limits
 -- go to one array (rpm, tpm per deployment). No table per deployment: a table with
 -- named fields cost more than the lines that read it.
-local live_after = fmt('(%d', lease_now)  -- not '(' .. n: that is '%.14g'
 local out, limits = {0}, {}
 for i = 1, n do
   local base, k = 4 + 3 * i, 6 * i - 4
@@ -105,8 +110,10 @@ for i = 1, n do
     -- A dead process's claims expire with their lease.
     call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', lease_now)
     out[k + 4] = call('ZCARD', KEYS[3 + i])
-  else
+  elseif counted then
     out[k + 4] = call('ZCOUNT', KEYS[3 + i], live_after, '+inf')
+  else
+    out[k + 4] = 0
   end
   out[k + 5] = latencies[i] or ''
 end
