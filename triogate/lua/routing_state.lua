@@ -38,6 +38,7 @@
 -- Globals are looked up in Redis's protected global table, ~200 instructions each: the
 -- ones used often are aliased once (in a fused call KEYS and ARGV are locals already).
 local call, KEYS, ARGV = redis.call, KEYS, ARGV
+local unpack = unpack  -- eight calls below
 
 -- Integers go to redis.call as Lua numbers where the server prints them exactly and
 -- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
@@ -72,8 +73,12 @@ if counted then
   if not claim then live_after = fmt('(%d', lease_now) end  -- not '(' .. n: '%.14g'
 end
 
+-- Arrays are sized once, by a constructor of unpack(ARGV, 1, size): Lua 5.1 has no
+-- table.new, and an array grown slot by slot is rehashed at every power of two (~700
+-- instructions each, 13 times here for two deployments). ARGV is only the filler: every
+-- slot is written before it is read (past ARGV's end the filler is nil).
 -- One HMGET per hash for the whole group (3 reads, whatever the number of deployments).
-local ids, usage_fields = {}, {}
+local ids, usage_fields = {unpack(ARGV, 1, n)}, {unpack(ARGV, 1, 3 * n)}
 for i = 1, n do
   local id = ARGV[4 + 3 * i]
   ids[i] = id
@@ -92,7 +97,7 @@ end
 -- fails, cooldown_until_ms, in_flight, latency), read back by the claim below; limits
 -- go to one array (rpm, tpm per deployment). No table per deployment: a table with
 -- named fields cost more than the lines that read it.
-local out, limits = {0}, {}
+local out, limits = {unpack(ARGV, 1, 1 + 6 * n)}, {unpack(ARGV, 1, 2 * n)}
 for i = 1, n do
   local base, k = 4 + 3 * i, 6 * i - 4
   limits[2 * i - 1], limits[2 * i] = ARGV[base + 1] + 0, ARGV[base + 2] + 0
