@@ -41,15 +41,17 @@ local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
 local fmt = string.format
 
 local n = #KEYS - 4  -- rate windows settled with the budget
-local refused = 'ERR budget_settle_many: expected per request an argument count and '
-  .. 'budget_settle.lua\'s arguments, the same window kinds in each, distinct keys'
-if n < 0 then return redis.error_reply(refused) end
+-- The refusal's text in two constants joined only when refusing (a `..` on every call
+-- made a 150-byte string, hashed and then collected).
+local REFUSAL_1, REFUSAL_2 = 'ERR budget_settle_many: expected per request an argument count ',
+  'and budget_settle.lua\'s arguments, the same window kinds in each, distinct keys'
+if n < 0 then return redis.error_reply(REFUSAL_1 .. REFUSAL_2) end
 -- Distinct keys: compared pairwise (interned strings: a pointer compare each), cheaper
 -- for a handful of keys than a table of seen keys (a hash insert each).
 for i = 2, #KEYS do
   local key = KEYS[i]
   for j = 1, i - 1 do
-    if KEYS[j] == key then return redis.error_reply(refused) end
+    if KEYS[j] == key then return redis.error_reply(REFUSAL_1 .. REFUSAL_2) end
   end
 end
 
@@ -105,7 +107,7 @@ local ok, good = pcall(function()
   end
   return m > 0
 end)
-if not (ok and good) then return redis.error_reply(refused) end
+if not (ok and good) then return redis.error_reply(REFUSAL_1 .. REFUSAL_2) end
 local m = #reqs
 
 -- Reads first: markers, then the holds of the requests to apply.
