@@ -168,7 +168,9 @@ else
     for _, rid in ipairs(expired) do
       local amount = call('HGET', KEYS[2], rid)
       if amount then
-        call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
+        -- 0 - x, not -x: a zero hold would be -0, which Redis 7.0 writes '-0' and HINCRBY
+        -- refuses (Valkey writes 0).
+        call('HINCRBY', KEYS[1], 'reserved', 0 - tonumber(amount))
         call('HDEL', KEYS[2], rid)
       end
       call('ZREM', KEYS[3], rid)

@@ -162,7 +162,9 @@ local amount = call('HGET', KEYS[2], request_id)
 if amount then
   released = amount + 0
   call('HDEL', KEYS[2], request_id)
-  call('HINCRBY', KEYS[1], 'reserved', -released)
+  -- 0 - x, not -x: a zero hold would be -0, which Redis 7.0 writes '-0' and HINCRBY
+  -- refuses (Valkey writes 0).
+  call('HINCRBY', KEYS[1], 'reserved', 0 - released)
 end
 call('ZREM', KEYS[3], request_id)
 

@@ -247,7 +247,7 @@ for k = 1, #applied do
 end
 if #found > 0 then
   call('HDEL', KEYS[2], unpack(found))
-  call('HINCRBY', KEYS[1], 'reserved', -released_sum)
+  call('HINCRBY', KEYS[1], 'reserved', 0 - released_sum)  -- not -x: see budget_settle.lua
 end
 if #fresh > 0 then call('ZREM', KEYS[3], unpack(fresh)) end
 local spend
