@@ -114,6 +114,10 @@ READ_CASES = [
         [("ZADD", keys.inflight_key(G, "b"), M + 1, "r1", M, "r2", M - 5, "r3")],
         {"b": (0, 0, 0, 0, 1, b"")},
     ),
+    # routing_state reads the in-flight sets only when one exists (EXISTS first): a set
+    # that exists with nothing live must still count 0, and the others 0 unread.
+    ("in flight: a set of expired leases counts 0",
+     [("ZADD", keys.inflight_key(G, "c"), M, "r1", M - 5, "r2")], {}),
 ]
 
 

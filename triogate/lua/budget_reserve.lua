@@ -53,51 +53,60 @@
 -- all three TTLs re-armed on every reservation, so they carry the same expiry. A lifetime
 -- budget (ttl_ms = 0) arms nothing; its holds and leases are deleted when empty.
 
+-- Globals are looked up in Redis's protected global table, ~200 instructions each: the
+-- ones used often are aliased once (in a fused call KEYS and ARGV are locals already).
+local call, KEYS, ARGV = redis.call, KEYS, ARGV
+
 local LIMIT = 9007199254740992
 local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_admit.lua
 local PARALLEL_RETRY_MS = 1000
 -- A window's field that keeps it out of the listpack encoding (see rate_admit.lua).
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
-
--- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
--- whose clock is fast must not expire other gateways' live leases. A caller whose clock
--- is behind Redis's judges (and writes) by its own, which only purges later; holders
--- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
--- effects, so TIME may precede writes.
-local function lease_clock(caller_ms)
-  local t = redis.call('TIME')
-  local us = t[2] + 0
-  local server_ms = t[1] * 1000 + (us - us % 1000) / 1000
-  if caller_ms < server_ms then return caller_ms end
-  return server_ms
-end
-
--- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
--- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
--- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
-local function int(i, min)
-  local v = ARGV[i] + 0
-  if v % 1 == 0 and v >= min and v < LIMIT then return v end
-  return nil
-end
+-- Integers go to redis.call as Lua numbers where the server writes an integer-valued
+-- number with its integer printer (Valkey 8.1+: ll2string, exact below 2^53, ~200
+-- instructions), else as '%d' strings (Redis 7.0 writes '%.17g', glibc's float printf,
+-- ~3,600 instructions against ~1,800 for string.format; Redis 7.2.0-7.2.4 wrote 1e+08):
+-- `NUM and x or fmt('%d', x)`. The test suite checks the integer printer's exactness.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
 local n = #KEYS - 3  -- rate windows admitted with the budget
 local rated = n > 0 or #ARGV > 6
-local limits = {}
-local function parse()
-  local tokens = false
+-- Per-window arrays are built by constructors sized for three windows (a principal's r,
+-- t and p): a table that grows is rehashed at every power of two, ~500 instructions each.
+local limits = {false, false, false}
+-- Integer arguments converted once each with `+ 0` (Lua 5.1's tonumber converts twice,
+-- lua_isnumber then lua_tonumber, each through strtod), which raises on a non-number or
+-- a missing argument: hence one pcall around the conversions, and the checks after it.
+local ok, now_ms, lease_ms, estimate, max_budget, ttl_ms, estimate_tokens = pcall(function()
   if rated then
-    for i = 1, n do limits[i] = int(7 + 2 * i, 0) end
-    tokens = int(7, 0)
+    for i = 1, n do limits[i] = ARGV[7 + 2 * i] + 0 end
+    return ARGV[1] + 0, ARGV[5] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[6] + 0, ARGV[7] + 0
   end
-  return int(1, 0), int(5, 1), int(3, 0), int(4, 0), int(6, 0), tokens
-end
-local ok, now_ms, lease_ms, estimate, max_budget, ttl_ms, estimate_tokens = pcall(parse)
-if not ok then
+  return ARGV[1] + 0, ARGV[5] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[6] + 0
+end)
+if ok then
+  -- int() written out: a Lua call per argument costs more than its check.
+  if not (now_ms % 1 == 0 and now_ms >= 0 and now_ms < LIMIT) then now_ms = nil end
+  if not (lease_ms % 1 == 0 and lease_ms >= 1 and lease_ms < LIMIT) then lease_ms = nil end
+  if not (estimate % 1 == 0 and estimate >= 0 and estimate < LIMIT) then estimate = nil end
+  if not (max_budget % 1 == 0 and max_budget >= 0 and max_budget < LIMIT) then
+    max_budget = nil
+  end
+  if not (ttl_ms % 1 == 0 and ttl_ms >= 0 and ttl_ms < LIMIT) then ttl_ms = nil end
+  if rated then
+    local v = estimate_tokens
+    if not (v % 1 == 0 and v >= 0 and v < LIMIT) then estimate_tokens = nil end
+    for i = 1, n do
+      v = limits[i]
+      if not (v % 1 == 0 and v >= 0 and v < LIMIT) then limits[i] = nil end
+    end
+  end
+else
   -- A non-number somewhere: which part's? Each argument alone (a refusal's slow path).
   local function safe(i, min)
-    local good, v = pcall(int, i, min)
-    if good then return v end
+    local good, v = pcall(function() return ARGV[i] + 0 end)
+    if good and v % 1 == 0 and v >= min and v < LIMIT then return v end
     return nil
   end
   now_ms, lease_ms, estimate, max_budget, ttl_ms = safe(1, 0), safe(5, 1), safe(3, 0),
@@ -109,54 +118,67 @@ if not ok then
 end
 local budget_ok = now_ms and lease_ms and estimate and max_budget and ttl_ms
   and (rated or #ARGV == 6)
-local BUDGET_REFUSAL = 'ERR budget_reserve: expected 6 arguments: now_ms, request_id, '
-  .. 'estimate, max_budget, lease_ms (> 0), ttl_ms, all integers >= 0 but request_id'
-if not rated and not budget_ok then return redis.error_reply(BUDGET_REFUSAL) end
-local kinds = {}
+-- The refusal's text in two constants joined only when refusing: a `..` on every call
+-- made a 150-byte string (hashed, then collected), ~1,000 instructions.
+local REFUSAL_1, REFUSAL_2 = 'ERR budget_reserve: expected 6 arguments: now_ms, request_id, ',
+  'estimate, max_budget, lease_ms (> 0), ttl_ms, all integers >= 0 but request_id'
+if not rated and not budget_ok then return redis.error_reply(REFUSAL_1 .. REFUSAL_2) end
+local kinds = {false, false, false}
 local rate_ok = rated and now_ms and lease_ms and estimate_tokens and n > 0
   and #ARGV == 6 + 1 + 2 * n
+local parallel = false
 if rated then
   for i = 1, n do
-    kinds[i] = ARGV[6 + 2 * i]
-    if not limits[i] or not (kinds[i] == 'r' or kinds[i] == 't' or kinds[i] == 'p') then
+    local kind = ARGV[6 + 2 * i]
+    kinds[i] = kind
+    if kind == 'p' then parallel = true end
+    if not limits[i] or not (kind == 'r' or kind == 't' or kind == 'p') then
       rate_ok = false
     end
   end
 end
 local request_id = ARGV[2]
+-- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
+-- whose clock is fast must not expire other gateways' live leases. A caller whose clock
+-- is behind Redis's judges (and writes) by its own, which only purges later; holders
+-- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
+-- effects, so TIME may precede writes. lease_now = min(now_ms, Redis's ms), inline (a
+-- closure per call costs more than the lines): for the budget, or when a parallel window
+-- needs leases judged (rate_admit.lua: TIME only then).
 local lease_now = nil
-if budget_ok then
-  lease_now = lease_clock(now_ms)
-elseif rate_ok then  -- TIME only when a parallel window needs leases judged (rate_admit.lua)
-  for i = 1, n do
-    if kinds[i] == 'p' then lease_now = lease_clock(now_ms) break end
-  end
+if budget_ok or (rate_ok and parallel) then
+  local t = call('TIME')
+  local us = t[2] + 0
+  lease_now = t[1] * 1000 + (us - us % 1000) / 1000
+  if now_ms < lease_now then lease_now = now_ms end
 end
 
 -- The budget: the reply's first three elements (or the refusal).
 local out
 if not budget_ok then
-  out = {redis.error_reply(BUDGET_REFUSAL)}
+  out = {redis.error_reply(REFUSAL_1 .. REFUSAL_2)}
 else
   -- The lowest lease says whether the lease set exists (and so the holds HASH: they hold
   -- the same request ids) and whether any lease expired; only then is the set scanned.
-  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   local holds_exist = #first > 0
   if holds_exist and first[2] + 0 <= lease_now then
     -- Purge leases of processes that died while holding a reservation.
-    local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', lease_now)
+    local expired = call('ZRANGEBYSCORE', KEYS[3], '-inf', lease_now)
     for _, rid in ipairs(expired) do
-      local amount = redis.call('HGET', KEYS[2], rid)
+      local amount = call('HGET', KEYS[2], rid)
       if amount then
-        redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
-        redis.call('HDEL', KEYS[2], rid)
+        -- 0 - x, not -x: a zero hold would be -0, which Redis 7.0 writes '-0' and HINCRBY
+        -- refuses (Valkey writes 0).
+        call('HINCRBY', KEYS[1], 'reserved', 0 - tonumber(amount))
+        call('HDEL', KEYS[2], rid)
       end
-      redis.call('ZREM', KEYS[3], rid)
+      call('ZREM', KEYS[3], rid)
     end
     holds_exist = false  -- the purge may have emptied (deleted) both: arm again
   end
 
-  local state = redis.call('HMGET', KEYS[1], 'spend', 'reserved')
+  local state = call('HMGET', KEYS[1], 'spend', 'reserved')
   local counters_exist = state[1] or state[2]
   -- `x and x + 0 or 0`: one conversion (see int); a field holds what these scripts wrote.
   local spend = state[1] and state[1] + 0 or 0
@@ -165,26 +187,26 @@ else
   local used = spend + reserved
   if used + estimate > max_budget and not (used == 0 and spend < max_budget) then
     -- A request id that already holds a reservation is admitted again, even when over.
-    if redis.call('HEXISTS', KEYS[2], request_id) == 1 then
+    if call('HEXISTS', KEYS[2], request_id) == 1 then
       out = {1, spend, reserved}
     else
       out = {0, spend, reserved}
     end
   else
     -- HSETNX writes nothing for a request id that already holds a reservation: a replay.
-    -- Integers go to redis.call as '%d' strings (a Lua number is written with '%.17g').
-    local estimate_s = string.format('%d', estimate)
-    if redis.call('HSETNX', KEYS[2], request_id, estimate_s) == 0 then
+    local estimate_s = NUM and estimate or fmt('%d', estimate)
+    if call('HSETNX', KEYS[2], request_id, estimate_s) == 0 then
       out = {1, spend, reserved}
     else
-      redis.call('HINCRBY', KEYS[1], 'reserved', estimate_s)
-      redis.call('ZADD', KEYS[3], string.format('%d', lease_now + lease_ms), request_id)
+      call('HINCRBY', KEYS[1], 'reserved', estimate_s)
+      local expiry = lease_now + lease_ms
+      call('ZADD', KEYS[3], NUM and expiry or fmt('%d', expiry), request_id)
       if ttl_ms > 0 then
-        local ttl_s = string.format('%d', ttl_ms)
-        if not counters_exist then redis.call('PEXPIRE', KEYS[1], ttl_s) end
+        local ttl_s = NUM and ttl_ms or fmt('%d', ttl_ms)
+        if not counters_exist then call('PEXPIRE', KEYS[1], ttl_s) end
         if not holds_exist then
-          redis.call('PEXPIRE', KEYS[2], ttl_s)
-          redis.call('PEXPIRE', KEYS[3], ttl_s)
+          call('PEXPIRE', KEYS[2], ttl_s)
+          call('PEXPIRE', KEYS[3], ttl_s)
         end
       end
       out = {1, spend, reserved + estimate}
@@ -202,17 +224,18 @@ end
 -- keep the two identical), with window i at KEYS[3 + i]; appended to `out` from `base`.
 local base = #out
 local estimate_t = estimate_tokens
-local current = math.floor(now_ms / BUCKET_MS)
-local current_s = string.format('%d', current)
+local current = (now_ms - now_ms % BUCKET_MS) / BUCKET_MS  -- floor (now_ms >= 0), no C call
+local current_s = NUM and current or fmt('%d', current)
 local oldest = current - BUCKETS + 1
 local ROLL_MAX = 64
-local used, stale, origin, bucket_now = {}, {}, {}, {}
+local used, origin, bucket_now = {0, 0, 0}, {0, 0, 0}, {false, false, false}
+local stale = false  -- a table only when some window has buckets to drop
 for i = 1, n do
   if kinds[i] == 'p' then
-    used[i] = redis.call('ZCOUNT', KEYS[3 + i], string.format('(%d', lease_now), '+inf')
+    used[i] = call('ZCOUNT', KEYS[3 + i], fmt('(%d', lease_now), '+inf')
   else
     local key = KEYS[3 + i]
-    local head = redis.call('HMGET', key, 't', 'o', current_s)
+    local head = call('HMGET', key, 't', 'o', current_s)
     local total, low = head[1] and head[1] + 0, head[2] and head[2] + 0
     bucket_now[i] = head[3] and head[3] + 0
     local old = false
@@ -220,7 +243,7 @@ for i = 1, n do
       if low < oldest then
         local fields = {}
         for b = low, oldest - 1 do fields[#fields + 1] = b end
-        local counts = redis.call('HMGET', key, unpack(fields))
+        local counts = call('HMGET', key, unpack(fields))
         for j = 1, #fields do
           local c = tonumber(counts[j])
           if c then
@@ -232,7 +255,7 @@ for i = 1, n do
         low = oldest
       end
     else
-      local flat = redis.call('HGETALL', key)
+      local flat = call('HGETALL', key)
       total, low = 0, oldest
       for j = 1, #flat, 2 do
         local name = flat[j]
@@ -247,7 +270,11 @@ for i = 1, n do
         end
       end
     end
-    used[i], stale[i], origin[i] = total, old, low
+    used[i], origin[i] = total, low
+    if old then
+      stale = stale or {}
+      stale[i] = old
+    end
   end
 end
 
@@ -269,7 +296,7 @@ end
 
 if failed > 0 then
   local function buckets_of(i)
-    local flat = redis.call('HGETALL', KEYS[3 + i])
+    local flat = call('HGETALL', KEYS[3 + i])
     local list = {}
     for j = 1, #flat, 2 do
       local b = tonumber(flat[j])
@@ -304,33 +331,44 @@ out[base + 1], out[base + 2], out[base + 3] = 1, 0, 0
 for i = 1, n do
   local key = KEYS[3 + i]
   if kinds[i] == 'p' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
-    redis.call('ZADD', key, lease_now + lease_ms, request_id)
-    redis.call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
-    out[base + 3 + i] = math.max(limits[i] - used[i] - 1, 0)
+    call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
+    call('ZADD', key, lease_now + lease_ms, request_id)
+    call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
+    local left = limits[i] - used[i] - 1
+    out[base + 3 + i] = left > 0 and left or 0
   else
     local add = 1
     if kinds[i] == 't' then add = estimate_t end
-    if stale[i] then redis.call('HDEL', key, unpack(stale[i])) end
+    local old = stale and stale[i]
+    if old then call('HDEL', key, unpack(old)) end
     local low = origin[i]
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
       local before = bucket_now[i]
       if before then
-        redis.call('HSET', key, current_s, string.format('%d', before + add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+        local b, t = before + add, used[i] + add
+        if NUM then
+          call('HSET', key, current_s, b, 't', t, 'o', low)
+        else
+          call('HSET', key, current_s, fmt('%d', b), 't', fmt('%d', t), 'o', fmt('%d', low))
+        end
       else
-        redis.call('HSET', key, current_s, string.format('%d', add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low),
-          PAD_FIELD, PAD)
-        redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+        local t = used[i] + add
+        if NUM then
+          call('HSET', key, current_s, add, 't', t, 'o', low, PAD_FIELD, PAD)
+        else
+          call('HSET', key, current_s, fmt('%d', add), 't', fmt('%d', t),
+            'o', fmt('%d', low), PAD_FIELD, PAD)
+        end
+        call('PEXPIRE', key, WINDOW_TTL_MS)
       end
     elseif used[i] == 0 then
-      redis.call('DEL', key)
-    elseif stale[i] or redis.call('EXISTS', key) == 1 then
-      redis.call('HSET', key, 't', used[i], 'o', low)
+      call('DEL', key)
+    elseif old or call('EXISTS', key) == 1 then
+      call('HSET', key, 't', used[i], 'o', low)
     end
-    out[base + 3 + i] = math.max(limits[i] - used[i] - add, 0)
+    local left = limits[i] - used[i] - add  -- math.max without its C call
+    out[base + 3 + i] = left > 0 and left or 0
   end
 end
 return out

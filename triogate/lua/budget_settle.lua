@@ -32,6 +32,10 @@
 -- was found (the counters may be created here), as in budget_reserve.lua.
 -- Integers only for money: nano-USD, exact in Lua arithmetic up to 2^53.
 
+-- Globals are looked up in Redis's protected global table, ~200 instructions each: the
+-- ones used often are aliased once (in a fused call KEYS and ARGV are locals already).
+local call, KEYS, ARGV = redis.call, KEYS, ARGV
+
 local LIMIT = 9007199254740992
 local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_settle.lua
 -- A field whose value is longer than hash-max-listpack-value (64 bytes by default) makes
@@ -40,24 +44,40 @@ local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_settle
 -- HSETNX/HMGET. Readers skip it (its name is not a request id or bucket).
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
 
--- An integer argument, converted once (Lua 5.1's tonumber converts twice, lua_isnumber then
--- lua_tonumber, each through the C library's strtod: ~11 % of a request's instructions).
--- `+ 0` raises on a non-number (or a missing argument): call it under pcall (parse below).
-local function int(i, min)
-  local v = ARGV[i] + 0
-  if v % 1 == 0 and v >= min and v < LIMIT then return v end
-  return nil
-end
+-- Integers go to redis.call as Lua numbers where the server prints them exactly and
+-- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
+-- Integer arguments converted once each with `+ 0` (Lua 5.1's tonumber converts twice,
+-- lua_isnumber then lua_tonumber, each through strtod), which raises on a non-number or
+-- a missing argument: one pcall around the conversions, the checks after it (written
+-- out: a Lua call per argument costs more than its check).
 local n = #KEYS - 4  -- rate windows settled with the budget
 local rated = n > 0 or #ARGV > 4
 local ok, actual, ttl_ms, marker_ttl_ms, bucket, estimate_tokens, actual_tokens, now_ms =
   pcall(function()
     if rated then
-      return int(2, 0), int(3, 0), int(4, 1), int(6, 0), int(7, 0), int(8, 0), int(9, 0)
+      return ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0,
+        ARGV[9] + 0
     end
-    return int(2, 0), int(3, 0), int(4, 1)
+    return ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
   end)
+if ok then
+  if not (actual % 1 == 0 and actual >= 0 and actual < LIMIT) then actual = nil end
+  if not (ttl_ms % 1 == 0 and ttl_ms >= 0 and ttl_ms < LIMIT) then ttl_ms = nil end
+  if not (marker_ttl_ms % 1 == 0 and marker_ttl_ms >= 1 and marker_ttl_ms < LIMIT) then
+    marker_ttl_ms = nil
+  end
+  if rated then
+    if not (bucket % 1 == 0 and bucket >= 0 and bucket < LIMIT) then bucket = nil end
+    local v = estimate_tokens
+    if not (v % 1 == 0 and v >= 0 and v < LIMIT) then estimate_tokens = nil end
+    v = actual_tokens
+    if not (v % 1 == 0 and v >= 0 and v < LIMIT) then actual_tokens = nil end
+    if not (now_ms % 1 == 0 and now_ms >= 0 and now_ms < LIMIT) then now_ms = nil end
+  end
+end
 local mode = ARGV[5]
 local ok_args = ok and actual and ttl_ms and marker_ttl_ms and n >= 0
 if rated then
@@ -78,16 +98,16 @@ if not ok_args then
 end
 local request_id = ARGV[1]
 
-if redis.call('HSETNX', KEYS[4], request_id, '1') == 0 then
-  local spent = redis.call('HGET', KEYS[1], 'spend')
+if call('HSETNX', KEYS[4], request_id, '1') == 0 then
+  local spent = call('HGET', KEYS[1], 'spend')
   return {0, 0, spent and spent + 0 or 0}
 end
 -- The PAD field is written once per markers HASH: HSETNX says whether the hash was new
 -- (then its TTL is armed; a hash an older version created gets it on its next settlement
 -- and its TTL re-armed, which moves the expiry by less than a slice), and its long value
 -- keeps the hash out of the listpack encoding, whose HSETNX is a linear scan (see PAD).
-if redis.call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
-  redis.call('PEXPIRE', KEYS[4], marker_ttl_ms)
+if call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
+  call('PEXPIRE', KEYS[4], marker_ttl_ms)
 end
 
 -- The rate windows (rate_settle.lua's work, the same code; its header states the rules;
@@ -96,37 +116,39 @@ end
 -- bucket, a bucket below `o` is left alone, and only a write that creates a bucket arms
 -- the window's TTL.
 if rated then
-  local in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
-  local bucket_s = string.format('%d', bucket)
+  -- floor(now_ms / BUCKET_MS) without its C call (now_ms >= 0)
+  local in_window = bucket > (now_ms - now_ms % BUCKET_MS) / BUCKET_MS - BUCKETS
+  local bucket_s = NUM and bucket or fmt('%d', bucket)
   local function adjust(key, delta)
     if delta == 0 or not in_window then return end
-    local state = redis.call('HMGET', key, bucket_s, 't', 'o')
+    local state = call('HMGET', key, bucket_s, 't', 'o')
     local low = state[3] and state[3] + 0
     if low and bucket < low then return end
     local before = state[1] and state[1] + 0 or 0
     local value = before + delta
     local total = state[2] and state[2] + 0
     if value > 0 then
+      if not NUM then value = fmt('%d', value) end
       if total then
-        redis.call('HSET', key, bucket_s, string.format('%d', value),
-          't', string.format('%d', total + delta))
+        local t = total + delta
+        call('HSET', key, bucket_s, value, 't', NUM and t or fmt('%d', t))
       else
-        redis.call('HSET', key, bucket_s, string.format('%d', value))
+        call('HSET', key, bucket_s, value)
       end
-      if not state[1] then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+      if not state[1] then call('PEXPIRE', key, WINDOW_TTL_MS) end
     else
-      redis.call('HDEL', key, bucket_s)
+      call('HDEL', key, bucket_s)
       if total and total - before <= 0 then
-        redis.call('DEL', key)
+        call('DEL', key)
       elseif total then
-        redis.call('HSET', key, 't', total - before)
+        call('HSET', key, 't', total - before)
       end
     end
   end
   for i = 1, n do
     local kind, key = ARGV[9 + i], KEYS[4 + i]
     if kind == 'p' then
-      redis.call('ZREM', key, request_id)
+      call('ZREM', key, request_id)
     elseif mode == 'u' then
       if kind == 'r' then adjust(key, -1) else adjust(key, -estimate_tokens) end
     elseif mode == 'a' and kind == 't' then
@@ -136,22 +158,24 @@ if rated then
 end
 
 local released = 0
-local amount = redis.call('HGET', KEYS[2], request_id)
+local amount = call('HGET', KEYS[2], request_id)
 if amount then
   released = amount + 0
-  redis.call('HDEL', KEYS[2], request_id)
-  redis.call('HINCRBY', KEYS[1], 'reserved', -released)
+  call('HDEL', KEYS[2], request_id)
+  -- 0 - x, not -x: a zero hold would be -0, which Redis 7.0 writes '-0' and HINCRBY
+  -- refuses (Valkey writes 0).
+  call('HINCRBY', KEYS[1], 'reserved', 0 - released)
 end
-redis.call('ZREM', KEYS[3], request_id)
+call('ZREM', KEYS[3], request_id)
 
 local spend
 if actual > 0 then
-  spend = redis.call('HINCRBY', KEYS[1], 'spend', actual)
+  spend = call('HINCRBY', KEYS[1], 'spend', actual)
   -- A hold existed, so did the counters, with their TTL (armed at creation, see
   -- budget_reserve.lua); otherwise this call may have created them.
-  if ttl_ms > 0 and not amount then redis.call('PEXPIRE', KEYS[1], ttl_ms) end
+  if ttl_ms > 0 and not amount then call('PEXPIRE', KEYS[1], ttl_ms) end
 else
-  local spent = redis.call('HGET', KEYS[1], 'spend')
+  local spent = call('HGET', KEYS[1], 'spend')
   spend = spent and spent + 0 or 0
 end
 return {1, released, spend}

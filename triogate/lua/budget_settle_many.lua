@@ -28,80 +28,106 @@
 -- Everything that can raise on stored data (a hold's amount) is read before the first
 -- write. Integers only for money, exact up to 2^53, as in budget_settle.lua.
 
+-- Globals are looked up in Redis's protected global table, ~200 instructions each: the
+-- ones used often are aliased once (in a fused call KEYS and ARGV are locals already).
+local call, KEYS, ARGV = redis.call, KEYS, ARGV
+
 local LIMIT = 9007199254740992
 local BUCKET_MS, BUCKETS, WINDOW_TTL_MS = 1000, 60, 120000  -- as in rate_settle.lua
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
-
-local function int(v, min)
-  v = v + 0
-  if v % 1 == 0 and v >= min and v < LIMIT then return v end
-  return nil
-end
+-- Integers go to redis.call as Lua numbers where the server prints them exactly and
+-- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
 local n = #KEYS - 4  -- rate windows settled with the budget
-local refused = 'ERR budget_settle_many: expected per request an argument count and '
-  .. 'budget_settle.lua\'s arguments, the same window kinds in each, distinct keys'
-if n < 0 then return redis.error_reply(refused) end
-do
-  local seen = {}
-  for i = 1, #KEYS do
-    if seen[KEYS[i]] then return redis.error_reply(refused) end
-    seen[KEYS[i]] = true
+-- The refusal's text in two constants joined only when refusing (a `..` on every call
+-- made a 150-byte string, hashed and then collected).
+local REFUSAL_1, REFUSAL_2 = 'ERR budget_settle_many: expected per request an argument count ',
+  'and budget_settle.lua\'s arguments, the same window kinds in each, distinct keys'
+if n < 0 then return redis.error_reply(REFUSAL_1 .. REFUSAL_2) end
+-- Distinct keys: compared pairwise (interned strings: a pointer compare each), cheaper
+-- for a handful of keys than a table of seen keys (a hash insert each).
+for i = 2, #KEYS do
+  local key = KEYS[i]
+  for j = 1, i - 1 do
+    if KEYS[j] == key then return redis.error_reply(REFUSAL_1 .. REFUSAL_2) end
   end
 end
 
--- Parse every request (a refusal writes nothing).
+-- A request is an array, its fields at these indices: built by one constructor (sized
+-- once; named fields cost a hash insert each, the most expensive part of a parse).
+local ID, ACTUAL, TTL, MARKER_TTL, MODE, BUCKET, ESTIMATE, TOKENS, NOW, AT, APPLIED,
+  RELEASED = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
+
+-- Parse every request (a refusal writes nothing). Integers are converted with `+ 0`
+-- (it raises on a non-number: hence the pcall) and checked inline: integral, >= their
+-- minimum (1 for the marker TTL, 4 for an argument count, else 0), below 2^53.
 local reqs = {}
 local ok, good = pcall(function()
-  local at, argc = 1, #ARGV
+  local at, argc, m = 1, #ARGV, 0
   while at <= argc do
-    local c = int(ARGV[at], 4)
-    if not c or at + c > argc then return false end
-    -- every field in the constructor: the table is sized once (no rehash as fields come)
-    local r = {id = ARGV[at + 1], actual = int(ARGV[at + 2], 0), ttl = int(ARGV[at + 3], 0),
-      marker_ttl = int(ARGV[at + 4], 1), mode = false, bucket = false, estimate = false,
-      tokens = false, now = false, at = at, applied = false, released = 0}
-    if not (r.actual and r.ttl and r.marker_ttl) then return false end
+    local c = ARGV[at] + 0
+    if not (c % 1 == 0 and c >= 4 and c < LIMIT) or at + c > argc then return false end
+    local actual, ttl, marker_ttl = ARGV[at + 2] + 0, ARGV[at + 3] + 0, ARGV[at + 4] + 0
+    if not (actual % 1 == 0 and actual >= 0 and actual < LIMIT
+            and ttl % 1 == 0 and ttl >= 0 and ttl < LIMIT
+            and marker_ttl % 1 == 0 and marker_ttl >= 1 and marker_ttl < LIMIT) then
+      return false
+    end
+    local r
     if n > 0 then
       if c ~= 9 + n then return false end
-      r.mode, r.bucket = ARGV[at + 5], int(ARGV[at + 6], 0)
-      r.estimate, r.tokens, r.now = int(ARGV[at + 7], 0), int(ARGV[at + 8], 0),
-        int(ARGV[at + 9], 0)
-      if not (r.bucket and r.estimate and r.tokens and r.now) then return false end
-      if not (r.mode == 'a' or r.mode == 'u' or r.mode == 'x') then return false end
+      local mode = ARGV[at + 5]
+      local bucket, estimate, tokens, now = ARGV[at + 6] + 0, ARGV[at + 7] + 0,
+        ARGV[at + 8] + 0, ARGV[at + 9] + 0
+      if not (bucket % 1 == 0 and bucket >= 0 and bucket < LIMIT
+              and estimate % 1 == 0 and estimate >= 0 and estimate < LIMIT
+              and tokens % 1 == 0 and tokens >= 0 and tokens < LIMIT
+              and now % 1 == 0 and now >= 0 and now < LIMIT) then
+        return false
+      end
+      if not (mode == 'a' or mode == 'u' or mode == 'x') then return false end
       for i = 1, n do
         local k = ARGV[at + 9 + i]
         if not (k == 'r' or k == 't' or k == 'p') then return false end
-        if #reqs > 0 and k ~= ARGV[reqs[1].at + 9 + i] then return false end
+        if m > 0 and k ~= ARGV[reqs[1][AT] + 9 + i] then return false end
       end
+      r = {ARGV[at + 1], actual, ttl, marker_ttl, mode, bucket, estimate, tokens, now, at,
+        false, 0}
     elseif c ~= 4 then
       return false
+    else
+      r = {ARGV[at + 1], actual, ttl, marker_ttl, false, false, false, false, false, at,
+        false, 0}
     end
-    reqs[#reqs + 1] = r
+    m = m + 1
+    reqs[m] = r
     at = at + 1 + c
   end
-  return #reqs > 0
+  return m > 0
 end)
-if not (ok and good) then return redis.error_reply(refused) end
+if not (ok and good) then return redis.error_reply(REFUSAL_1 .. REFUSAL_2) end
 local m = #reqs
 
 -- Reads first: markers, then the holds of the requests to apply.
 local ids = {}
-for j = 1, m do ids[j] = reqs[j].id end
-local marks = redis.call('HMGET', KEYS[4], unpack(ids))
+for j = 1, m do ids[j] = reqs[j][ID] end
+local marks = call('HMGET', KEYS[4], unpack(ids))
 local seen, fresh, applied = {}, {}, {}
 for j = 1, m do
   local r = reqs[j]
-  if not marks[j] and not seen[r.id] then
-    seen[r.id] = true
-    r.applied = true
+  local id = r[ID]
+  if not marks[j] and not seen[id] then
+    seen[id] = true
+    r[APPLIED] = true
     applied[#applied + 1] = r
-    fresh[#fresh + 1] = r.id
+    fresh[#fresh + 1] = id
   end
 end
 local amounts = {}
 if #fresh > 0 then
-  local held = redis.call('HMGET', KEYS[2], unpack(fresh))
+  local held = call('HMGET', KEYS[2], unpack(fresh))
   for k = 1, #fresh do
     if held[k] then amounts[k] = held[k] + 0 else amounts[k] = false end
   end
@@ -113,9 +139,9 @@ if #fresh > 0 then
     fields[2 * k - 1] = fresh[k]
     fields[2 * k] = '1'
   end
-  redis.call('HSET', KEYS[4], unpack(fields))
-  if redis.call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
-    redis.call('PEXPIRE', KEYS[4], applied[1].marker_ttl)
+  call('HSET', KEYS[4], unpack(fields))
+  if call('HSETNX', KEYS[4], PAD_FIELD, PAD) == 1 then
+    call('PEXPIRE', KEYS[4], applied[1][MARKER_TTL])
   end
 end
 
@@ -133,7 +159,7 @@ if n > 0 and #fresh > 0 then
     local values = w.values
     local x1, x2, x3 = values[f1], values[f2], values[f3]
     if not w.deleted and (x1 == nil or x2 == nil or x3 == nil) then
-      local got = redis.call('HMGET', w.key, f1, f2, f3)
+      local got = call('HMGET', w.key, f1, f2, f3)
       if x1 == nil then x1 = got[1]; values[f1] = x1 end
       if x2 == nil then x2 = got[2]; values[f2] = x2 end
       if x3 == nil then x3 = got[3]; values[f3] = x3 end
@@ -153,37 +179,42 @@ if n > 0 and #fresh > 0 then
     local value = before + delta
     local total = s2 and s2 + 0
     if value > 0 then
-      set(bucket_s, string.format('%d', value))
-      if total then set('t', string.format('%d', total + delta)) end
+      set(bucket_s, NUM and value or fmt('%d', value))
+      if total then
+        local t = total + delta
+        set('t', NUM and t or fmt('%d', t))
+      end
       if not s1 then w.expire = true end
     else
       set(bucket_s, false)
       if total and total - before <= 0 then
         w.values, w.dirty, w.deleted, w.expire = {}, {}, true, false
       elseif total then
-        set('t', string.format('%d', total - before))
+        local t = total - before
+        set('t', NUM and t or fmt('%d', t))
       end
     end
   end
-  local first = reqs[1].at
+  local first = reqs[1][AT]
   for i = 1, n do
     local kind, key = ARGV[first + 9 + i], KEYS[4 + i]
     if kind == 'p' then
-      redis.call('ZREM', key, unpack(fresh))
+      call('ZREM', key, unpack(fresh))
     else
       w = {key = key, values = {}, deleted = false, dirty = {}, expire = false}
       for k = 1, #applied do
         local r = applied[k]
-        bucket, now_ms = r.bucket, r.now
-        in_window = bucket > math.floor(now_ms / BUCKET_MS) - BUCKETS
-        bucket_s = string.format('%d', bucket)
-        if r.mode == 'u' then
-          if kind == 'r' then adjust(-1) else adjust(-r.estimate) end
-        elseif r.mode == 'a' and kind == 't' then
-          adjust(r.tokens - r.estimate)
+        bucket, now_ms = r[BUCKET], r[NOW]
+        in_window = bucket > (now_ms - now_ms % BUCKET_MS) / BUCKET_MS - BUCKETS  -- floor
+        bucket_s = NUM and bucket or fmt('%d', bucket)
+        local mode = r[MODE]
+        if mode == 'u' then
+          if kind == 'r' then adjust(-1) else adjust(-r[ESTIMATE]) end
+        elseif mode == 'a' and kind == 't' then
+          adjust(r[TOKENS] - r[ESTIMATE])
         end
       end
-      if w.deleted then redis.call('DEL', key) end
+      if w.deleted then call('DEL', key) end
       local sets, dels = {}, {}
       for f in pairs(w.dirty) do
         local x = w.values[f]
@@ -194,9 +225,9 @@ if n > 0 and #fresh > 0 then
           dels[#dels + 1] = f
         end
       end
-      if #dels > 0 and not w.deleted then redis.call('HDEL', key, unpack(dels)) end
-      if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
-      if w.expire then redis.call('PEXPIRE', key, WINDOW_TTL_MS) end
+      if #dels > 0 and not w.deleted then call('HDEL', key, unpack(dels)) end
+      if #sets > 0 then call('HSET', key, unpack(sets)) end
+      if w.expire then call('PEXPIRE', key, WINDOW_TTL_MS) end
     end
   end
 end
@@ -205,25 +236,26 @@ end
 local found, released_sum, charged, ttl = {}, 0, 0, nil
 for k = 1, #applied do
   local r, amount = applied[k], amounts[k]
-  r.released = amount or 0
+  r[RELEASED] = amount or 0
   if amount then
-    found[#found + 1] = r.id
+    found[#found + 1] = r[ID]
     released_sum = released_sum + amount
   end
-  charged = charged + r.actual
-  if r.actual > 0 and r.ttl > 0 and not amount then ttl = r.ttl end
+  local actual = r[ACTUAL]
+  charged = charged + actual
+  if actual > 0 and r[TTL] > 0 and not amount then ttl = r[TTL] end
 end
 if #found > 0 then
-  redis.call('HDEL', KEYS[2], unpack(found))
-  redis.call('HINCRBY', KEYS[1], 'reserved', -released_sum)
+  call('HDEL', KEYS[2], unpack(found))
+  call('HINCRBY', KEYS[1], 'reserved', 0 - released_sum)  -- not -x: see budget_settle.lua
 end
-if #fresh > 0 then redis.call('ZREM', KEYS[3], unpack(fresh)) end
+if #fresh > 0 then call('ZREM', KEYS[3], unpack(fresh)) end
 local spend
 if charged > 0 then
-  spend = redis.call('HINCRBY', KEYS[1], 'spend', charged)
-  if ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+  spend = call('HINCRBY', KEYS[1], 'spend', charged)
+  if ttl then call('PEXPIRE', KEYS[1], ttl) end
 else
-  local spent = redis.call('HGET', KEYS[1], 'spend')
+  local spent = call('HGET', KEYS[1], 'spend')
   spend = spent and spent + 0 or 0
 end
 
@@ -231,9 +263,9 @@ end
 local out = {}
 for j = m, 1, -1 do
   local r = reqs[j]
-  if r.applied then
-    out[j] = {1, r.released, spend}
-    spend = spend - r.actual
+  if r[APPLIED] then
+    out[j] = {1, r[RELEASED], spend}
+    spend = spend - r[ACTUAL]
   else
     out[j] = {0, 0, spend}
   end

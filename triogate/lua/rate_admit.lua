@@ -43,6 +43,11 @@
 -- at least WINDOW_TTL_MS - 1 s after its newest bucket began, twice the minute its buckets
 -- count, and at most WINDOW_TTL_MS after it (never forever). Windows written by an older
 -- version had their TTL re-armed on every admission, so they satisfy the same bound.
+
+-- Globals are looked up in Redis's protected global table, ~200 instructions each: the
+-- ones used often are aliased once (in a fused call KEYS and ARGV are locals already).
+local call, KEYS, ARGV = redis.call, KEYS, ARGV
+
 local BUCKET_MS = 1000
 local BUCKETS = 60
 local WINDOW_TTL_MS = 120000
@@ -53,6 +58,10 @@ local LIMIT = 9007199254740992
 -- window holds up to 62 fields) is scanned per field of every HMGET/HSET. Written with
 -- each new bucket (when the TTL is armed); not a bucket, skipped by every reader.
 local PAD_FIELD, PAD = '~', '------------------------------------------------------------------------'
+-- Integers go to redis.call as Lua numbers where the server prints them exactly and
+-- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
 
 -- Leases are judged by Redis's clock, never by a caller's that runs ahead of it: a gateway
 -- whose clock is fast must not expire other gateways' live leases. A caller whose clock
@@ -60,7 +69,7 @@ local PAD_FIELD, PAD = '~', '---------------------------------------------------
 -- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
 -- effects, so TIME may precede writes.
 local function lease_clock(caller_ms)
-  local t = redis.call('TIME')
+  local t = call('TIME')
   local us = t[2] + 0
   local server_ms = t[1] * 1000 + (us - us % 1000) / 1000
   if caller_ms < server_ms then return caller_ms end
@@ -99,22 +108,21 @@ local lease_now = nil
 for i = 1, n do
   if kinds[i] == 'p' then lease_now = lease_clock(now_ms) break end
 end
-local current = math.floor(now_ms / BUCKET_MS)
--- Numbers go to redis.call as '%d' strings: a Lua number would be written with '%.17g',
--- the C library's costly floating-point path, and these are all integers.
-local current_s = string.format('%d', current)
+local current = (now_ms - now_ms % BUCKET_MS) / BUCKET_MS  -- floor (now_ms >= 0), no C call
+local current_s = NUM and current or fmt('%d', current)
 local oldest = current - BUCKETS + 1
 
 -- Read every window: total in window (t after removing old buckets), the new `o`, and
 -- the fields to drop when admitted.
 local ROLL_MAX = 64
-local used, stale, origin, bucket_now = {}, {}, {}, {}
+local used, origin, bucket_now = {}, {}, {}
+local stale = false  -- a table only when some window has buckets to drop
 for i = 1, n do
   if kinds[i] == 'p' then
-    used[i] = redis.call('ZCOUNT', KEYS[i], string.format('(%d', lease_now), '+inf')
+    used[i] = call('ZCOUNT', KEYS[i], fmt('(%d', lease_now), '+inf')
   else
     local key = KEYS[i]
-    local head = redis.call('HMGET', key, 't', 'o', current_s)
+    local head = call('HMGET', key, 't', 'o', current_s)
     -- `x and x + 0`: one conversion (see int), false for a missing field.
     local total, low = head[1] and head[1] + 0, head[2] and head[2] + 0
     bucket_now[i] = head[3] and head[3] + 0
@@ -123,7 +131,7 @@ for i = 1, n do
       if low < oldest then
         local fields = {}
         for b = low, oldest - 1 do fields[#fields + 1] = b end
-        local counts = redis.call('HMGET', key, unpack(fields))
+        local counts = call('HMGET', key, unpack(fields))
         for j = 1, #fields do
           local c = tonumber(counts[j])
           if c then
@@ -135,7 +143,7 @@ for i = 1, n do
         low = oldest
       end
     else  -- no summary yet (a new or pre-summary window), or idle for over a minute
-      local flat = redis.call('HGETALL', key)
+      local flat = call('HGETALL', key)
       total, low = 0, oldest
       for j = 1, #flat, 2 do
         local name = flat[j]
@@ -150,7 +158,11 @@ for i = 1, n do
         end
       end
     end
-    used[i], stale[i], origin[i] = total, old, low
+    used[i], origin[i] = total, low
+    if old then
+      stale = stale or {}
+      stale[i] = old
+    end
   end
 end
 
@@ -175,7 +187,7 @@ if failed > 0 then
   -- The window's buckets in the window, ascending. Defined only for a refusal: an
   -- admission creates no closure it does not call.
   local function buckets_of(i)
-    local flat = redis.call('HGETALL', KEYS[i])
+    local flat = call('HGETALL', KEYS[i])
     local list = {}
     for j = 1, #flat, 2 do
       local b = tonumber(flat[j])
@@ -211,34 +223,45 @@ local result = {1, 0, 0}
 for i = 1, n do
   local key = KEYS[i]
   if kinds[i] == 'p' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
-    redis.call('ZADD', key, lease_now + lease_ms, request_id)
-    redis.call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
-    result[3 + i] = math.max(limits[i] - used[i] - 1, 0)
+    call('ZREMRANGEBYSCORE', key, '-inf', lease_now)
+    call('ZADD', key, lease_now + lease_ms, request_id)
+    call('PEXPIRE', key, lease_ms + WINDOW_TTL_MS)
+    local left = limits[i] - used[i] - 1
+    result[3 + i] = left > 0 and left or 0
   else
     local add = 1
     if kinds[i] == 't' then add = estimate end
-    if stale[i] then redis.call('HDEL', key, unpack(stale[i])) end
+    local old = stale and stale[i]
+    if old then call('HDEL', key, unpack(old)) end
     local low = origin[i]
     if current < low then low = current end  -- a clock running behind
     if add > 0 then
       local before = bucket_now[i]
       if before then
-        redis.call('HSET', key, current_s, string.format('%d', before + add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low))
+        local b, t = before + add, used[i] + add
+        if NUM then
+          call('HSET', key, current_s, b, 't', t, 'o', low)
+        else
+          call('HSET', key, current_s, fmt('%d', b), 't', fmt('%d', t), 'o', fmt('%d', low))
+        end
       else
         -- The TTL is armed by the write that creates a bucket (see the header); PAD too.
-        redis.call('HSET', key, current_s, string.format('%d', add),
-          't', string.format('%d', used[i] + add), 'o', string.format('%d', low),
-          PAD_FIELD, PAD)
-        redis.call('PEXPIRE', key, WINDOW_TTL_MS)
+        local t = used[i] + add
+        if NUM then
+          call('HSET', key, current_s, add, 't', t, 'o', low, PAD_FIELD, PAD)
+        else
+          call('HSET', key, current_s, fmt('%d', add), 't', fmt('%d', t),
+            'o', fmt('%d', low), PAD_FIELD, PAD)
+        end
+        call('PEXPIRE', key, WINDOW_TTL_MS)
       end
     elseif used[i] == 0 then
-      redis.call('DEL', key)  -- nothing left in the window
-    elseif stale[i] or redis.call('EXISTS', key) == 1 then
-      redis.call('HSET', key, 't', used[i], 'o', low)
+      call('DEL', key)  -- nothing left in the window
+    elseif old or call('EXISTS', key) == 1 then
+      call('HSET', key, 't', used[i], 'o', low)
     end
-    result[3 + i] = math.max(limits[i] - used[i] - add, 0)
+    local left = limits[i] - used[i] - add  -- math.max without its C call
+    result[3 + i] = left > 0 and left or 0
   end
 end
 return result

@@ -35,6 +35,16 @@
 --          (expiry > now), including the claim just made.
 -- Integers only for counters; no money here.
 
+-- Globals are looked up in Redis's protected global table, ~200 instructions each: the
+-- ones used often are aliased once (in a fused call KEYS and ARGV are locals already).
+local call, KEYS, ARGV = redis.call, KEYS, ARGV
+local unpack = unpack  -- eight calls below
+
+-- Integers go to redis.call as Lua numbers where the server prints them exactly and
+-- cheaply, else as '%d' strings (see budget_reserve.lua): `NUM and x or fmt('%d', x)`.
+local NUM = (redis.VALKEY_VERSION_NUM or 0) >= 0x080100
+local fmt = string.format
+
 local n = #KEYS - 3
 -- `+ 0` converts once where tonumber converts twice (Lua 5.1: lua_isnumber, lua_tonumber).
 local now = ARGV[1] + 0
@@ -48,66 +58,76 @@ local offset = ARGV[6] + 0
 -- whose clock is fast must not expire other gateways' live leases. A caller whose clock
 -- is behind Redis's judges (and writes) by its own, which only purges later; holders
 -- renew their leases while they run (lease_renew.lua). Redis 5+ replicates a script's
--- effects, so TIME may precede writes.
-local function lease_clock(caller_ms)
-  local t = redis.call('TIME')
+-- effects, so TIME may precede writes. lease_now = min(now, Redis's ms), inline.
+-- In read mode an in-flight ZSET that does not exist counts 0 whatever the clock: one
+-- EXISTS of the group's sets answers for all of them, and TIME and the ZCOUNTs run only
+-- when some exist (groups routed by usage or latency never claim, so theirs never do;
+-- TIME plus a ZCOUNT per deployment cost ~3 times the EXISTS).
+local lease_now, live_after = nil, nil
+local counted = claim or (n > 0 and call('EXISTS', unpack(KEYS, 4, 3 + n)) > 0)
+if counted then
+  local t = call('TIME')
   local us = t[2] + 0
-  local server_ms = t[1] * 1000 + (us - us % 1000) / 1000
-  if caller_ms < server_ms then return caller_ms end
-  return server_ms
-end
-local lease_now = lease_clock(now)
-
-local function num(value)
-  if value then return value + 0 end
-  return 0
+  lease_now = t[1] * 1000 + (us - us % 1000) / 1000
+  if now < lease_now then lease_now = now end
+  if not claim then live_after = fmt('(%d', lease_now) end  -- not '(' .. n: '%.14g'
 end
 
+-- Arrays are sized once, by a constructor of unpack(ARGV, 1, size): Lua 5.1 has no
+-- table.new, and an array grown slot by slot is rehashed at every power of two (~700
+-- instructions each, 13 times here for two deployments). ARGV is only the filler: every
+-- slot is written before it is read (past ARGV's end the filler is nil).
 -- One HMGET per hash for the whole group (3 reads, whatever the number of deployments).
-local ids, usage_fields = {}, {}
+local ids, usage_fields = {unpack(ARGV, 1, n)}, {unpack(ARGV, 1, 3 * n)}
 for i = 1, n do
-  local id = ARGV[7 + 3 * (i - 1)]
+  local id = ARGV[4 + 3 * i]
   ids[i] = id
-  usage_fields[#usage_fields + 1] = 'rpm:' .. id
-  usage_fields[#usage_fields + 1] = 'tpm:' .. id
-  usage_fields[#usage_fields + 1] = 'fail:' .. id
+  usage_fields[3 * i - 2] = 'rpm:' .. id
+  usage_fields[3 * i - 1] = 'tpm:' .. id
+  usage_fields[3 * i] = 'fail:' .. id
 end
 local usage, cooldowns, latencies = {}, {}, {}
 if n > 0 then
-  usage = redis.call('HMGET', KEYS[1], unpack(usage_fields))
-  cooldowns = redis.call('HMGET', KEYS[2], unpack(ids))
-  latencies = redis.call('HMGET', KEYS[3], unpack(ids))
+  usage = call('HMGET', KEYS[1], unpack(usage_fields))
+  cooldowns = call('HMGET', KEYS[2], unpack(ids))
+  latencies = call('HMGET', KEYS[3], unpack(ids))
 end
 
-local live_after = string.format('(%d', lease_now)  -- not '(' .. n: that is '%.14g'
-local stats = {}
+-- The reply is built in place: deployment i's six values at out[6i-4 .. 6i+1] (rpm, tpm,
+-- fails, cooldown_until_ms, in_flight, latency), read back by the claim below; limits
+-- go to one array (rpm, tpm per deployment). No table per deployment: a table with
+-- named fields cost more than the lines that read it.
+local out, limits = {unpack(ARGV, 1, 1 + 6 * n)}, {unpack(ARGV, 1, 2 * n)}
 for i = 1, n do
-  local base = 7 + 3 * (i - 1)
-  local s = {
-    rpm_limit = ARGV[base + 1] + 0,
-    tpm_limit = ARGV[base + 2] + 0,
-    rpm = num(usage[3 * i - 2]),
-    tpm = num(usage[3 * i - 1]),
-    fails = num(usage[3 * i]),
-    until_ms = num(cooldowns[i]),
-    latency = latencies[i] or '',
-  }
-  if s.until_ms <= now then s.until_ms = 0 end
+  local base, k = 4 + 3 * i, 6 * i - 4
+  limits[2 * i - 1], limits[2 * i] = ARGV[base + 1] + 0, ARGV[base + 2] + 0
+  local x = usage[3 * i - 2]
+  out[k] = x and x + 0 or 0
+  x = usage[3 * i - 1]
+  out[k + 1] = x and x + 0 or 0
+  x = usage[3 * i]
+  out[k + 2] = x and x + 0 or 0
+  x = cooldowns[i]
+  x = x and x + 0 or 0
+  if x <= now then x = 0 end
+  out[k + 3] = x
   if claim then
     -- A dead process's claims expire with their lease.
-    redis.call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', lease_now)
-    s.in_flight = redis.call('ZCARD', KEYS[3 + i])
+    call('ZREMRANGEBYSCORE', KEYS[3 + i], '-inf', lease_now)
+    out[k + 4] = call('ZCARD', KEYS[3 + i])
+  elseif counted then
+    out[k + 4] = call('ZCOUNT', KEYS[3 + i], live_after, '+inf')
   else
-    s.in_flight = redis.call('ZCOUNT', KEYS[3 + i], live_after, '+inf')
+    out[k + 4] = 0
   end
-  stats[i] = s
+  out[k + 5] = latencies[i] or ''
 end
 
 local claimed = 0
 if claim then
   -- A request holds at most one claim per group: claiming again returns the same one.
   for i = 1, n do
-    if redis.call('ZSCORE', KEYS[3 + i], request_id) then
+    if call('ZSCORE', KEYS[3 + i], request_id) then
       claimed = i
       break
     end
@@ -117,32 +137,25 @@ if claim and claimed == 0 and n > 0 then
   local best = nil
   for j = 0, n - 1 do
     local i = ((offset + j) % n) + 1
-    local s = stats[i]
-    local eligible = s.until_ms == 0
-      and (s.rpm_limit == 0 or s.rpm < s.rpm_limit)
-      and (s.tpm_limit == 0 or s.tpm == 0
-           or (s.tpm < s.tpm_limit and s.tpm + estimate <= s.tpm_limit))
-    if eligible and (best == nil or s.in_flight < stats[best].in_flight) then
+    local k = 6 * i - 4
+    local rpm, tpm = out[k], out[k + 1]
+    local rpm_limit, tpm_limit = limits[2 * i - 1], limits[2 * i]
+    local eligible = out[k + 3] == 0
+      and (rpm_limit == 0 or rpm < rpm_limit)
+      and (tpm_limit == 0 or tpm == 0
+           or (tpm < tpm_limit and tpm + estimate <= tpm_limit))
+    if eligible and (best == nil or out[k + 4] < out[6 * best]) then
       best = i
     end
   end
   if best ~= nil then
     local key = KEYS[3 + best]
-    redis.call('ZADD', key, string.format('%d', lease_now + lease_ms), request_id)
-    redis.call('PEXPIRE', key, lease_ms)
-    stats[best].in_flight = redis.call('ZCARD', key)
+    local expiry = lease_now + lease_ms
+    call('ZADD', key, NUM and expiry or fmt('%d', expiry), request_id)
+    call('PEXPIRE', key, lease_ms)
+    out[6 * best] = call('ZCARD', key)
     claimed = best
   end
 end
-
-local out = { claimed }
-for i = 1, n do
-  local s = stats[i]
-  out[#out + 1] = s.rpm
-  out[#out + 1] = s.tpm
-  out[#out + 1] = s.fails
-  out[#out + 1] = s.until_ms
-  out[#out + 1] = s.in_flight
-  out[#out + 1] = s.latency
-end
+out[1] = claimed
 return out

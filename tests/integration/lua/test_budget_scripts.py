@@ -300,6 +300,27 @@ async def test_replay_after_the_reservation_expired_charges_once(redis: RespBack
     assert holds == {"r2": 100}
 
 
+async def test_zero_holds_are_released_and_purged(redis: RespBackend) -> None:
+    """A hold of 0 (an estimate of 0) leaves `reserved` by 0 - 0, not -0: Redis 7.0 writes
+    the number -0 as '-0', which HINCRBY refuses (found by the ledger property test)."""
+    keys = (*K.as_tuple(), MARKER)
+    with trio.fail_after(5):
+        assert await run(redis, RESERVE, K.as_tuple(), [NOW, "r1", 0, 1000, LEASE, 0]) == [
+            1, 0, 0,
+        ]
+        assert await run(redis, SETTLE, keys, ["r1", 5, 0, 60_000]) == [1, 0, 5]
+        # A zero hold whose process died is purged by the next reservation.
+        assert await run(redis, RESERVE, K.as_tuple(), [NOW, "r2", 0, 1000, LEASE, 0]) == [
+            1, 5, 0,
+        ]
+        later = NOW + LEASE
+        assert await run(redis, RESERVE, K.as_tuple(), [later, "r3", 7, 1000, LEASE, 0]) == [
+            1, 5, 7,
+        ]
+        counters = await hash_ints(redis, K.counters)
+    assert counters == {"spend": 5, "reserved": 7}
+
+
 @pytest.mark.parametrize(
     "args",
     [["r1", -5, 0, 1000], ["r1", "x", 0, 1000], ["r1", 5, 0, 0], ["r1", 5, 0]],
