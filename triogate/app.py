@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
@@ -103,12 +102,6 @@ async def load_scripts(backend: RespBackend | ClusterBackend) -> int:
 #: collection every 700 surviving container allocations, several per request, and a full
 #: one often enough to walk every object of the imports: the stalls behind the tail.
 GC_THRESHOLDS = (20_000, 20, 20)
-#: How long a thread may hold the GIL while another waits for it (CPython's default is
-#: 5 ms). The spend-log writer's INSERT runs in a worker thread, in Python for much of it
-#: (SQLAlchemy, the driver's parameter handling); a request that becomes runnable on the
-#: loop meanwhile waits up to a whole interval for the GIL, once a second: at one
-#: connection that lands in the p99. With nothing else waiting the interval costs nothing.
-SWITCH_INTERVAL_S = 0.0005
 #: Pending connections the kernel queues for accept (capped by net.core.somaxconn).
 #: A backlog of 100 (hypercorn's default) drops the SYNs of a burst of new connections, which then
 #: wait for the client's retransmission (1 s, 3 s, 7 s...) before the gateway sees them:
@@ -122,14 +115,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-def tune_switch_interval() -> float:
-    """Hand the GIL back to the event loop within :data:`SWITCH_INTERVAL_S` of its asking;
-    returns the previous interval (``serve`` restores it on exit: tests share a process)."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    return previous
 
 
 def wall_clock_ms() -> int:
@@ -372,15 +357,11 @@ async def serve(
         async with open_gateway(config, clock_ms=clock_ms) as services:
             app = GatewayASGI(services)
             tune_gc()
-            switch_interval_s = tune_switch_interval()
-            try:
-                async with trio.open_nursery() as server:
-                    urls = await server.start(partial(
-                        serve_http, app, settings, shutdown=shutdown, host=host, port=port,
-                        sock=sock))
-                    task_status.started((urls, services))
-            finally:
-                sys.setswitchinterval(switch_interval_s)
+            async with trio.open_nursery() as server:
+                urls = await server.start(partial(
+                    serve_http, app, settings, shutdown=shutdown, host=host, port=port,
+                    sock=sock))
+                task_status.started((urls, services))
             # The server returned: it stopped accepting and in-flight requests finished
             # (or hit the grace period). open_gateway's exit drains the settler.
         outer.cancel_scope.cancel()

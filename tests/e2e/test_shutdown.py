@@ -14,8 +14,7 @@ import pytest
 import trio
 import yaml
 
-from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY, gateway_config, running_gateway
-from triogate.app import SWITCH_INTERVAL_S
+from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
 from triogate.store import open_store
 from triogate.testing.fakeupstream import open_fake_upstream
 
@@ -121,17 +120,3 @@ async def test_shutdown_after_a_stream_on_a_kept_alive_connection_is_prompt(
                 stopping = trio.current_time()
             # Far below the 60 s grace: the idle keep-alive connection was closed at once.
             assert trio.current_time() - stopping < 10
-
-
-async def test_serving_shortens_the_switch_interval_and_restores_it(
-    tmp_path: Path, redis_url: str,
-) -> None:
-    """While serving, a worker thread (the spend-log INSERT) hands the GIL back to the
-    loop within SWITCH_INTERVAL_S; the process's own interval is back after shutdown."""
-    before = sys.getswitchinterval()
-    async with open_fake_upstream() as upstream:
-        config = gateway_config(tmp_path / "state", redis_url, upstream.base_url)
-        with trio.fail_after(60):
-            async with running_gateway(config):
-                assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
-    assert sys.getswitchinterval() == before
