@@ -161,3 +161,50 @@ async def test_a_failing_check_leaves_no_reservation_of_the_other(
     assert len(counters) == 3  # key, team, end user
     replies = await redis.execute([("HGET", c, "reserved") for c in counters])
     assert [int(r) for r in replies] == [0, 0, 0]  # type: ignore[call-overload]
+
+
+async def rate_counts(redis: RespBackend) -> dict[str, int]:
+    """Every rate window's total (requests, tokens, parallel slots) by key."""
+    (names,) = await redis.execute([("KEYS", "tg:*:rl:*")])  # type: ignore[list-item]
+    assert isinstance(names, list)
+    windows = sorted(n.decode() for n in names if ":done:" not in n.decode())
+    replies = await redis.execute(
+        [("ZCARD", w) if w.endswith(":par") else ("HGETALL", w) for w in windows])
+    counts: dict[str, int] = {}
+    for window, reply in zip(windows, replies, strict=True):
+        if isinstance(reply, int):
+            counts[window] = reply
+        else:  # bucket, count, ... and the "~" padding field (skipped)
+            assert isinstance(reply, list)
+            counts[window] = sum(int(v) for f, v in zip(reply[::2], reply[1::2], strict=True)
+                                 if f != b"~")
+    return counts
+
+
+async def test_a_failing_budget_check_leaves_no_count_of_the_rate_limits(
+    governed: tuple[Gateway, str], redis: RespBackend, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other direction: both parts are read in the request's own task, one after the
+    other; when the budgets' part fails first, the rate limits' part is still read, and
+    what their windows counted is undone."""
+    gateway, key = governed
+    await traced(gateway, key)  # warms the identity
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    before = await rate_counts(redis)
+    assert any(before.values())  # the warm-up request was counted
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        await trio.lowlevel.checkpoint()
+        raise RuntimeError("a bug in the budgets")
+
+    monkeypatch.setattr("triogate.governance.budgets.conclude", broken)
+    body = {"model": "gpt-test", "user": "customer-1",
+            "messages": [{"role": "user", "content": "fail in admission"}]}
+    async with httpx.AsyncClient(timeout=20) as http:
+        response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key}"})
+    assert response.status_code == 500
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+    assert await rate_counts(redis) == before

@@ -122,3 +122,11 @@ async def test_when_everything_fails_the_client_gets_the_mapped_error(
     (response,) = await send(routed)
     assert response.status_code == 502
     assert response.json()["error"]["type"] == "api_error"
+
+
+async def test_the_services_group_table_is_the_configs(gateway: Gateway) -> None:
+    """Handlers read the model groups from ``services.groups``, built once at start-up:
+    the same table as ``config.groups`` (which builds a new one on each read)."""
+    services = gateway.services
+    assert services.groups == services.config.groups
+    assert services.groups is services.groups

@@ -26,6 +26,8 @@ from triogate.store import (
     StoreConflict,
     hash_key,
     open_store,
+    queries_spend,
+    schema,
 )
 from triogate.store.schema import metadata
 
@@ -458,7 +460,7 @@ async def test_spend_rows_round_trip_every_field(store: Store) -> None:
         team_id="t",
         user_id="u",
         end_user="e",
-        tags=("x", "y"),
+        tags=("x", "y", "naïve \"quoted\" ✓"),
         model_group="claude",
         deployment_id="d1",
         upstream_model="claude-3-5",
@@ -471,11 +473,25 @@ async def test_spend_rows_round_trip_every_field(store: Store) -> None:
         latency_ms=33,
         start_time_ms=1_700_000_000_000,
         end_time_ms=1_700_000_000_033,
+        response_id="msg_1",
+        client_request_id="client-1",
     )
     with trio.fail_after(10):
         await store.insert_spend_logs([row])
         found, _ = await store.query_spend_logs()
+        by_tag, _ = await store.query_spend_logs(tag="naïve \"quoted\" ✓")
     assert found == [row]
+    assert by_tag == [row]
+
+
+def test_the_sqlite_insert_binds_every_column_of_a_row() -> None:
+    """The SQLite insert names its columns itself (the driver's executemany, no
+    SQLAlchemy per row): every column of the table, each a field of the row."""
+    columns = [c.name for c in schema.spend_logs.columns]
+    assert sorted([*queries_spend._PLAIN_COLUMNS, "tags"]) == sorted(columns)
+    assert {f.name for f in attrs.fields(SpendLogRow)} == set(columns)
+    values = queries_spend.row_to_sqlite(spend_row("r", tags=("a",), cache_hit=True))
+    assert len(values) == len(columns) and values[-1] == '["a"]'
 
 
 SPEND = [

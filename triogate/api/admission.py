@@ -4,6 +4,8 @@ Participants: ``auth`` (identity: memory, else one MGET, else SQL), ``routing`` 
 group's usage, cooldowns and in-flight counts), ``cache`` (the response GET), and, once
 the identity is known, ``budgets`` and ``rate_limits``. With the identity in memory all
 of them declare before anyone waits, so their commands leave as ONE pipeline: one wait.
+All run inline in the request's task (the scope's host); each still captures its own
+error, so that one failing never loses what another reserved.
 The first rejection in the fixed order (auth, budgets, rate limits, routing) wins; the
 others' reservations are given back by settlement.
 """
@@ -140,9 +142,11 @@ async def admit(services: Services, call: Call) -> Admission:
         now_ms=now_ms,
     )
     # The request's own task is the scope's host: it declares the routing read, resolves
-    # the identity (in memory: no wait), declares the cache GET and reserves the budgets
-    # in its own task, so that only the rate limits need a task. The budgets' wait is the
-    # round's: by then everything else of the round is declared (or its task started).
+    # the identity (in memory: no wait), declares the cache GET and the governance
+    # scripts, then reads every reply in its own task: no participant needs a task (a
+    # spawn, its first schedule, its exit, the nursery's wake-up). The budgets' wait is
+    # the round's: everything of the round is declared by then; the replies after it are
+    # already resolved (awaiting them is a cancel point, not a schedule point).
     route: Participant[RoutingState] | None = None
     budget_p: Participant[BudgetOutcome] | None = None
     rates_p: Participant[RateOutcome] | None = None
@@ -174,17 +178,18 @@ async def admit(services: Services, call: Call) -> Admission:
                 declared_cache = exc
         if governed is not None:
             # One script per principal for its budget and rate windows (governance/admit.py),
-            # declared here; the two checks read their parts as two participants, so that
-            # one failing leaves the other's outcome for _undo.
+            # declared here; the two checks read their parts as two participants (inline:
+            # each captures its own error), so that one failing leaves the other's
+            # outcome for _undo.
             try:
                 declared: admit_governance.Declared | Exception = admit_governance.declare(
                     scope.batch, governed, request, services.checks)
             except Exception as exc:  # raised below, by both participants
                 declared = exc
-            rates_p = scope.start_participant(
-                _finish_rates, services, declared, request, name="rate_limits")
             budget_p = await scope.run_inline(
                 _finish_budgets, services, declared, request, name="budgets")
+            rates_p = await scope.run_inline(
+                _finish_rates, services, declared, request, name="rate_limits")
         route = await scope.run_inline(_finish_route, services, pending_route, name="routing")
         if use_cache:
             cached = await scope.run_inline(_finish_cache, services, declared_cache,

@@ -83,7 +83,7 @@ async def read_body(services: Services, request: Request) -> tuple[dict[str, Any
     """
     body = await request.json(services.config.settings.max_body_bytes)
     model = body.get("model")
-    if isinstance(model, str) and "*" not in model and model not in services.config.groups:
+    if isinstance(model, str) and "*" not in model and model not in services.groups:
         target = await _caller_alias(services, request, model)
         if target is not None:
             body = {**body, "model": target}
@@ -117,7 +117,7 @@ def check_mode(services: Services, group: str, *, embedding: bool) -> None:
     """400 when the group serves the other kind of model (wildcards serve both)."""
     if "*" in group:
         return
-    modes = {d.mode for d in services.config.groups[group]}
+    modes = {d.mode for d in services.groups[group]}
     if embedding and "embedding" not in modes:
         raise ApiError(400, f"model '{group}' is not an embedding model", param="model")
     if not embedding and modes == {"embedding"}:
@@ -138,7 +138,7 @@ def output_estimate(services: Services, body: dict[str, Any], *names: str) -> in
 
 def upstream_body(services: Services, group: str, body: dict[str, Any]) -> dict[str, Any]:
     """The body without gateway-only fields."""
-    mock = any(d.provider == "mock" for d in services.config.groups[group])
+    mock = any(d.provider == "mock" for d in services.groups[group])
     drop = [f for f in GATEWAY_FIELDS if not (mock and f == "mock_response")]
     return {k: v for k, v in body.items() if k not in drop}
 

@@ -122,7 +122,7 @@ def body_for(call: Call, deployment: Deployment) -> Mapping[str, Any]:
 
 def deployments(services: Services, call: Call) -> tuple[Deployment, ...]:
     """The deployments of the call's group as the call would use them (wildcards bound)."""
-    return tuple(bind(d, call.routing.model) for d in services.config.groups[call.group])
+    return tuple(bind(d, call.routing.model) for d in services.groups[call.group])
 
 
 def litellm_headers(call: Call, admitted: Admission, *, deployment: Deployment | None,

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from triogate.batch import Backend, MemoryTracer, Settler, Tracer
     from triogate.cache.response import ResponseCache
-    from triogate.config import GatewayConfig
+    from triogate.config import Deployment, GatewayConfig
     from triogate.governance.facts import CheckSettings
     from triogate.governance.identity import IdentityResolver
     from triogate.governance.leases import LeaseKeeper
@@ -70,6 +70,10 @@ class Services:
     #: exporter wrapping it.
     flush_tracer: Tracer | None = attrs.field(
         default=attrs.Factory(lambda self: self.spans or self.tracer, takes_self=True))
+    #: Model group name → its deployments: ``config.groups`` built once, not on each of
+    #: the 3-4 reads a request makes (the property builds a dict of tuples every time).
+    groups: Mapping[str, tuple[Deployment, ...]] = attrs.field(
+        default=attrs.Factory(lambda self: self.config.groups, takes_self=True))
     #: Model names as clients send them: groups, aliases, wildcards.
     models: ModelNames = attrs.field(
         default=attrs.Factory(lambda self: ModelNames(self.config), takes_self=True))

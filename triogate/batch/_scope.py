@@ -10,7 +10,9 @@ So the number of waits equals the depth of the dependency chain.
 With ``host=True`` the scope's body is itself a participant, live until it exits: it can
 run participants in its own task (``BatchScope.run_inline``), which spares the spawn and
 the scheduling of a task per participant; only its last declaration before a wait may
-wait inline (calls run one after another).
+wait inline (calls run one after another). A host that is the only live participant
+sends its round from its own task when it waits (no flush task: nobody else could
+declare meanwhile).
 
 Participants' exceptions are captured (``Exception`` only; cancellation propagates):
 one subsystem failing does not cancel the others, and ``Participant.result()`` re-raises
@@ -350,13 +352,38 @@ class BatchScope:
 
     async def _wait_handle(self, handle: Handle[Any]) -> Any:
         if not handle._done:
-            await self._block_on(handle._waiters)
+            if self._host_alone():
+                await self._flush_from_host()
+            if not handle._done:
+                await self._block_on(handle._waiters)
         else:
             # Resolved by a round already waited for: a cancel point, not a schedule point
             # (see Handle). A participant reading a round's N replies would otherwise give
             # up the CPU N - 1 times for nothing.
             await trio.lowlevel.checkpoint_if_cancelled()
         return handle.result()
+
+    def _host_alone(self) -> bool:
+        """Whether the calling task is the host and the only live participant, with a
+        round to send and none in flight: the flush rule holds the moment it waits, and
+        no one else can declare while the round is out."""
+        host = self._host
+        return (host is not None and self._barrier.live == 1 and bool(self._pending)
+                and not self._flushing
+                and self._by_task.get(trio.lowlevel.current_task()) is host)
+
+    async def _flush_from_host(self) -> None:
+        """Send the round from the host's own task, not a flush task: the spawn, the
+        task's first schedule and the host's wake-up are not paid (a request whose checks
+        all run inline waits so). Cancelled, it fails the round's handles, as a cancelled
+        flush task would; the host being the only participant, nobody else waits on
+        them. A checkpoint."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        handles, self._pending = self._pending, []
+        self._flushing = True
+        self._rounds += 1
+        self._commands += len(handles)
+        await self._flush(handles, self._rounds)
 
     async def _block_on(self, waiters: list[trio.lowlevel.Task]) -> None:
         """Park the current task on ``waiters``; count it as blocked if it participates."""

@@ -8,9 +8,11 @@ a Python ``int`` (PostgreSQL's ``sum(bigint)`` is ``numeric``: converted exactly
 from __future__ import annotations
 
 import datetime
+import operator
 from typing import TYPE_CHECKING, Any, Literal, final
 
 import attrs
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -99,6 +101,27 @@ def row_to_params(row: SpendLogRow) -> dict[str, Any]:
     return params
 
 
+#: spend_logs' columns but ``tags``, which the SQLite insert binds last (as JSON text).
+_PLAIN_COLUMNS = tuple(c.name for c in spend_logs.columns if c.name != "tags")
+_plain_values = operator.attrgetter(*_PLAIN_COLUMNS)
+_SQLITE_INSERT = (
+    f"INSERT INTO spend_logs ({', '.join(_PLAIN_COLUMNS)}, tags) "
+    f"VALUES ({', '.join('?' * (len(_PLAIN_COLUMNS) + 1))}) "
+    "ON CONFLICT (request_id) DO NOTHING"
+)
+_SQLITE_INSERT_TAGS = (
+    "INSERT INTO spend_log_tags (request_id, tag, start_time_ms) VALUES (?, ?, ?) "
+    "ON CONFLICT (request_id, tag) DO NOTHING"
+)
+
+
+def row_to_sqlite(row: SpendLogRow) -> tuple[Any, ...]:
+    """A row's values in :data:`_SQLITE_INSERT`'s order: one C-level attribute fetch
+    plus the tags' JSON, where SQLAlchemy's executemany ran several Python calls per
+    column (the writer's thread holds the GIL meanwhile, and the event loop waits)."""
+    return (*_plain_values(row), orjson.dumps(row.tags).decode())
+
+
 def row_from_db(mapping: Mapping[Any, Any]) -> SpendLogRow:
     """A :class:`SpendLogRow` from a result mapping."""
     values = dict(mapping)
@@ -116,19 +139,12 @@ def insert_spend_logs(engine: Engine, rows: Sequence[SpendLogRow]) -> int:
     if not rows:
         return 0
     with engine.begin() as conn:
+        if conn.dialect.name == "sqlite":
+            return _insert_sqlite(conn, rows)
         stmt = _insert(conn, spend_logs).on_conflict_do_nothing(index_elements=["request_id"])
         params = [row_to_params(r) for r in rows]
-        if conn.dialect.name == "sqlite":
-            # A plain executemany: one SQL text whatever the batch size. With RETURNING,
-            # SQLAlchemy writes one multi-row VALUES text per batch size, and every text
-            # is a prepared statement in the connection's cache that keeps its last
-            # bound values (a whole batch, tags included): memory grew with each new
-            # batch size (issue 11). sqlite3's rowcount sums the changes: skipped rows
-            # count 0.
-            inserted = conn.execute(stmt, params).rowcount
-        else:
-            inserted = len(conn.execute(stmt.returning(spend_logs.c.request_id),
-                                        params).scalars().all())
+        inserted = len(conn.execute(stmt.returning(spend_logs.c.request_id),
+                                    params).scalars().all())
         tag_params = [
             {"request_id": r.request_id, "tag": tag, "start_time_ms": r.start_time_ms}
             for r in rows
@@ -141,6 +157,24 @@ def insert_spend_logs(engine: Engine, rows: Sequence[SpendLogRow]) -> int:
                 ),
                 tag_params,
             )
+    return inserted
+
+
+def _insert_sqlite(conn: Connection, rows: Sequence[SpendLogRow]) -> int:
+    """The SQLite insert: the driver's own executemany on tuples, one SQL text whatever
+    the batch size.
+
+    One text matters: with RETURNING, SQLAlchemy writes one multi-row VALUES text per
+    batch size, and every text is a prepared statement in the connection's cache that
+    keeps its last bound values (a whole batch, tags included): memory grew with each
+    new batch size (issue 11). sqlite3's rowcount sums the changes: skipped rows count 0.
+    """
+    inserted: int = conn.exec_driver_sql(_SQLITE_INSERT, [row_to_sqlite(r) for r in rows]
+                                         ).rowcount
+    tag_params = [(r.request_id, tag, r.start_time_ms) for r in rows if r.tags
+                  for tag in dict.fromkeys(r.tags)]
+    if tag_params:
+        conn.exec_driver_sql(_SQLITE_INSERT_TAGS, tag_params)
     return inserted
 
 

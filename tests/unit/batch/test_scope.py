@@ -442,3 +442,58 @@ async def test_awaiting_a_resolved_handle_is_still_a_cancel_point(
             scope.start_participant(read_after_cancel, scope.batch, outer, name="p")
     assert outer.cancelled_caught
     assert reached == []  # cancelled at the second await, though its reply was there
+
+
+def count_steps(names: list[str]) -> trio.abc.Instrument:
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            names.append(task.name)
+
+    return Steps()
+
+
+async def test_a_host_alone_sends_its_round_from_its_own_task(
+    autojump_clock: MockClock,
+) -> None:
+    """Every check inline: the host waiting is the round, sent from its task (no
+    "batch flush" task); a round with a task participant still leaves from a flush task."""
+    backend = RecordingBackend({"GET": b"1"})
+    steps: list[str] = []
+    trio.lowlevel.add_instrument(count_steps(steps))
+    async with open_batch_scope({"default": backend}, host=True) as scope:
+        routing = scope.batch.call("GET", keys=["routing"], owner="routing")
+        budgets = await scope.run_inline(get_and_wait, scope.batch, "budgets", name="budgets")
+        assert routing.done  # it left in the same round
+        assert await routing == b"1"
+        second = await scope.run_inline(get_and_wait, scope.batch, "second", name="second")
+    assert [len(p) for p in backend.pipelines] == [2, 1]
+    assert scope.statistics().rounds == 2
+    assert (budgets.result(), second.result()) == (b"1", b"1")
+    assert "batch flush" not in steps
+
+    steps.clear()
+    async with open_batch_scope({"default": backend}, host=True) as scope:
+        rl = scope.start_participant(get_and_wait, scope.batch, "rate_limits",
+                                     name="rate_limits")
+        budgets = await scope.run_inline(get_and_wait, scope.batch, "budgets", name="budgets")
+    assert [len(p) for p in backend.pipelines[2:]] == [2]
+    assert (rl.result(), budgets.result()) == (b"1", b"1")
+    assert "batch flush" in steps
+
+
+async def test_cancelling_a_host_flushing_alone_fails_its_round(
+    autojump_clock: MockClock,
+) -> None:
+    """The host's own round is cut at its cancellation, as a flush task's would be: no
+    handle dangles, nothing stays live, and the next scope works."""
+    backend = FaultyBackend(RecordingBackend({"GET": b"1"}), delay_s=5.0)
+    handles = []
+    with trio.move_on_after(1.0):
+        async with open_batch_scope({"default": backend}, host=True) as scope:
+            handles.append(scope.batch.call("GET", keys=["other"], owner="other"))
+            await scope.run_inline(get_and_wait, scope.batch, "host")
+    assert trio.current_time() == 1.0
+    assert scope.statistics().live == 0
+    assert handles[0].done
+    with pytest.raises(BackendUnavailable):
+        handles[0].result()
