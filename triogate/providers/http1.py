@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING, Protocol, final
 import httpx
 import trio
 
+from triogate.providers.watchdog import watchdog
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from triogate.providers.watchdog import ReadWatch
 
 MAX_HEAD_BYTES = 64 * 1024
 READ_SIZE = 65536
 NO_BODY_STATUS = frozenset((204, 304))
 LAST_CHUNK = b"0\r\n\r\n"
+_INF = float("inf")
 
 #: (scheme, host, port) of an upstream.
 Origin = tuple[bytes, bytes, int]
@@ -83,6 +88,45 @@ class UpstreamConnection:
         assert scope.cancelled_caught
         raise httpx.ReadTimeout("upstream read timed out", request=request)
 
+    async def receive_watched(self, watch: ReadWatch, request: httpx.Request | None) -> bytes:
+        """:meth:`receive` for a body's reads, its timeout kept by the run's
+        :mod:`.watchdog` instead of a deadline scope per read: a wait stamps
+        ``watch.waiting_since`` and clears it (one clock read); a wait the watchdog ends
+        raises ``httpx.ReadTimeout``, as the scope's expiry did. Always a checkpoint."""
+        try:
+            if self.plain:
+                await trio.lowlevel.checkpoint_if_cancelled()  # before consuming, as recv
+                fd = self.fd
+                try:
+                    data = os.read(fd, READ_SIZE)
+                except BlockingIOError:
+                    watch.waiting_since = trio.current_time()
+                    try:
+                        while True:  # _wait_read inlined: a coroutine frame less per wakeup
+                            await trio.lowlevel.wait_readable(fd)
+                            try:
+                                data = os.read(fd, READ_SIZE)
+                            except BlockingIOError:
+                                continue
+                            break
+                    finally:
+                        watch.waiting_since = _INF
+                else:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+            else:
+                watch.waiting_since = trio.current_time()
+                try:
+                    data = bytes(await self.stream.receive_some(READ_SIZE))
+                finally:
+                    watch.waiting_since = _INF
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if watch.fired:
+                raise httpx.ReadTimeout("upstream read timed out", request=request) from None
+            raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
+        if watch.fired:  # the watchdog fired in the pass that brought these bytes: they win
+            watchdog().rearm(watch)
+        return data
+
     async def _wait_read(self) -> bytes:
         """``socket.recv`` without trio's wrapper (an async context manager per call),
         once a read found nothing: wait until readable, then read."""
@@ -130,7 +174,12 @@ def parse_head(
 
 @final
 class UpstreamBody(httpx.AsyncByteStream):
-    """A response body read off its connection; hands the connection back at its end."""
+    """A response body read off its connection; hands the connection back at its end.
+
+    Each read waits at most ``read_timeout`` (httpx's ``read`` timeout), kept by the run's
+    :func:`~triogate.providers.watchdog.watchdog`: one registration per body, a clock read
+    per wait, instead of a deadline scope per read (one per stream chunk).
+    """
 
     def __init__(
         self,
@@ -149,13 +198,16 @@ class UpstreamBody(httpx.AsyncByteStream):
         self._length = length
         self._chunked = chunked
         self._keep_alive = keep_alive and (length is not None or chunked)
-        self._timeout = read_timeout
         self._done = False
+        # Each read's timeout is kept by the run's watchdog (one registration per body,
+        # not a deadline scope per read; see watchdog.py).
+        self._watch = None if read_timeout is None else watchdog().watch(conn.fd, read_timeout)
 
     async def _more(self) -> bytes:
         assert self._conn is not None
-        data = await self._conn.receive(self._timeout, self._request)
-        return data
+        if self._watch is None:
+            return await self._conn.receive(None, self._request)
+        return await self._conn.receive_watched(self._watch, self._request)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn = self._conn
@@ -323,6 +375,8 @@ class UpstreamBody(httpx.AsyncByteStream):
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if self._watch is not None:
+            watchdog().unwatch(self._watch)
         if not self._done and self._chunked and conn.buffer == LAST_CHUNK:
             # Every data chunk was taken and the last one is here: the body is whole
             # (a stream whose reader stopped at ``data: [DONE]``), the connection reusable.
