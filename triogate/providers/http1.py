@@ -334,12 +334,14 @@ class UpstreamBody(httpx.AsyncByteStream):
             if left is not None:
                 self._length = left - len(data)
             return data
+        waited = False  # the upstream read below is this call's checkpoint
         while True:
             pieces = []
             while (piece := buffered_chunk(buf)) is not None:
                 pieces.append(piece)
             if pieces:
-                await trio.lowlevel.checkpoint()
+                if not waited:
+                    await trio.lowlevel.checkpoint()
                 return b"".join(pieces)
             # No whole data chunk buffered: the last chunk, a malformed one, or one that
             # needs more bytes.
@@ -360,7 +362,12 @@ class UpstreamBody(httpx.AsyncByteStream):
                     raise httpx.RemoteProtocolError("chunk without CRLF", request=self._request)
             elif len(buf) > MAX_HEAD_BYTES:
                 raise httpx.RemoteProtocolError("chunk header too long", request=self._request)
-            data = await self._more()
+            watch = self._watch
+            data = await (conn.receive(None, self._request) if watch is None
+                          else conn.receive_watched(watch, self._request))
+            waited = True
+            if not buf and (piece := whole_chunk(data)) is not None:
+                return piece  # the usual read: exactly one chunk (no buffer round trip)
             if not data:
                 raise httpx.RemoteProtocolError(
                     "upstream closed the connection mid-chunk", request=self._request
@@ -395,6 +402,22 @@ def chunk_size(buf: bytearray, end: int) -> int | None:
         return int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
     except ValueError:
         return None
+
+
+def whole_chunk(data: bytes) -> bytes | None:
+    """The data of ``data`` if it is exactly one whole data chunk (size line without an
+    extension, the data, CRLF); else None (the caller buffers it as usual)."""
+    end = data.find(b"\r\n")
+    if end <= 0:
+        return None
+    try:
+        size = int(data[:end], 16)
+    except ValueError:
+        return None
+    start = end + 2
+    if size <= 0 or len(data) != start + size + 2 or not data.endswith(b"\r\n"):
+        return None
+    return data[start : start + size]
 
 
 def buffered_chunk(buf: bytearray) -> bytes | None:
