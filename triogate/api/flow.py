@@ -206,9 +206,13 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         kept: list[dict[str, Any] | bytes] = []
         error: ProviderError | None = None
         finished = False
+        # Per event: no _forward call, no anext() wrapper (a coroutine layer per wait).
+        usage_filtered = call.api == "chat" and not call.include_usage
+        receive = opened.events.__anext__
         try:
             with admission.keep_leases(services, admitted):  # a stream past lease_s
                 stream = opened.stream
+                next_nowait = stream.next_nowait
                 event, wire = opened.first, opened.first_wire
                 while event is not None:
                     # Events the upstream's last read brought together leave in one write
@@ -217,14 +221,17 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                     burst: list[bytes] = []
                     while event is not None:
                         kept.append(event if wire is None else wire)
-                        if _forward(call, event):
+                        if not usage_filtered or not _usage_only(event):
                             burst.append(wire if wire is not None
                                          else sse.encode(call.api, event))
-                        event = stream.next_nowait()
+                        event = next_nowait()
                         wire = stream.wire
                     if burst:
                         await write(b"".join(burst))
-                    event = await anext(opened.events, None)
+                    try:
+                        event = await receive()
+                    except StopAsyncIteration:
+                        event = None
                     wire = stream.wire
             await write(sse.end(call.api))
             finished = True
@@ -270,7 +277,12 @@ def _forward(call: Call, event: dict[str, Any]) -> bool:
     """Chat streams: the final usage chunk goes out only if the client asked for it."""
     if call.api != "chat" or call.include_usage:
         return True
-    return not (event.get("usage") and not event.get("choices"))
+    return not _usage_only(event)
+
+
+def _usage_only(event: dict[str, Any]) -> bool:
+    """A chat chunk that carries usage and no choices (the final usage chunk)."""
+    return bool(event.get("usage") and not event.get("choices"))
 
 
 async def _failed(services: Services, call: Call, admitted: Admission,
