@@ -42,7 +42,7 @@ class Pool(Protocol):
 class UpstreamConnection:
     """One upstream connection and the bytes read from it but not consumed yet."""
 
-    __slots__ = ("buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
+    __slots__ = ("behind", "buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
         self.origin = origin
@@ -55,6 +55,8 @@ class UpstreamConnection:
         self.fd = socket.fileno()
         self.buffer = bytearray()
         self.idle_since = 0.0
+        #: The last watched read found bytes already waiting (the reader is behind).
+        self.behind = False
 
     async def receive(self, timeout_s: float | None, request: httpx.Request | None) -> bytes:
         """Some bytes (b"" at the end of the stream), within ``timeout_s`` (None: the
@@ -95,11 +97,18 @@ class UpstreamConnection:
         raises ``httpx.ReadTimeout``, as the scope's expiry did. Always a checkpoint."""
         try:
             if self.plain:
-                await trio.lowlevel.checkpoint_if_cancelled()  # before consuming, as recv
+                if self.behind:
+                    # The last read found bytes waiting: the worker is behind. One more
+                    # scheduler pass before this read lets more arrive, so that it (and
+                    # the client write after it) carries more chunks (see w7-stream.md).
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.lowlevel.checkpoint_if_cancelled()  # before consuming
                 fd = self.fd
                 try:
                     data = os.read(fd, READ_SIZE)
                 except BlockingIOError:
+                    self.behind = False
                     watch.waiting_since = trio.current_time()
                     try:
                         while True:  # _wait_read inlined: a coroutine frame less per wakeup
@@ -112,6 +121,7 @@ class UpstreamConnection:
                     finally:
                         watch.waiting_since = _INF
                 else:
+                    self.behind = True
                     await trio.lowlevel.cancel_shielded_checkpoint()
             else:
                 watch.waiting_since = trio.current_time()
