@@ -290,7 +290,9 @@ async def test_read_some_takes_what_each_read_brought(server) -> None:  # type: 
     burst = b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n"
     tail = b"4\r\nfour\r\n4\r\nfive\r\n0\r\ntrailer: x\r\n\r\n"
     raw = b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\n\r\n"
-    replies = iter([[head + burst, b"<pause>", tail],
+    one_each = [head, b"<pause>", b"3\r\none\r\n", b"<pause>", b"3\r\ntwo\r\n",
+                b"<pause>", b"0\r\n\r\n"]  # one chunk per read, each waited for
+    replies = iter([[head + burst, b"<pause>", tail], one_each,
                     [head, *[raw[i : i + 3] for i in range(0, len(raw), 3)]],
                     [*_fixed(b"fixed"), b"<pause>"]])
     url = await server(lambda _: next(replies))
@@ -298,6 +300,8 @@ async def test_read_some_takes_what_each_read_brought(server) -> None:  # type: 
     async with client:
         async with client.stream("POST", url, content=b"x") as response:
             assert await _read_all(response) == [b"onetwothree", b"fourfive"]
+        async with client.stream("POST", url, content=b"x") as response:
+            assert await _read_all(response) == [b"one", b"two"]
         async with client.stream("POST", url, content=b"x") as response:
             assert b"".join(await _read_all(response)) == b"hello world"
         async with client.stream("POST", url, content=b"x") as response:

@@ -24,6 +24,8 @@ from triogate.providers.records import Usage
 from triogate.store.records import SpendLogRow
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from triogate.api.records import Admission, Call
     from triogate.api.services import Services
     from triogate.config import Deployment
@@ -232,8 +234,15 @@ def response_id(outcome: Outcome) -> str | None:
     for event in outcome.events or ():
         if found is not None:
             break
-        found = event.get("id")
-        for inner in ("message", "response"):  # Anthropic message_start, Responses events
-            if found is None and isinstance(event.get(inner), dict):
-                found = event[inner].get("id")
+        found = named_id(event)
     return found[:256] if isinstance(found, str) and found else None
+
+
+def named_id(event: Mapping[str, Any]) -> Any:
+    """The id a stream event names (its own, or its message's or response's), or None:
+    :func:`response_id` reads the events up to the first that names one."""
+    found = event.get("id")
+    for inner in ("message", "response"):  # Anthropic message_start, Responses events
+        if found is None and isinstance(event.get(inner), dict):
+            found = event[inner].get("id")
+    return found

@@ -386,6 +386,11 @@ class ResponseCache:
             return None
         return attrs.evolve(cached, body=personalise(api, cached.body, pending.body))
 
+    def stores(self, control: CacheControl) -> bool:
+        """Whether :meth:`store` would keep an answer under ``control`` (a stream keeps
+        its events for it only then)."""
+        return self.enabled and not control.no_store
+
     def store(
         self,
         post: PostCallBatch,
@@ -414,7 +419,7 @@ class ResponseCache:
             Whether a SET was declared: False when disabled, ``no_store``, no answer,
             not encodable, or larger than ``max_entry_bytes``.
         """
-        if not self.enabled or control.no_store or response_body is None:
+        if not self.stores(control) or response_body is None:
             return False
         try:
             key = cache_key(api, group, body, namespace=namespace)

@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING, Protocol, final
 import httpx
 import trio
 
+from triogate.providers.watchdog import watchdog
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from triogate.providers.watchdog import ReadWatch
 
 MAX_HEAD_BYTES = 64 * 1024
 READ_SIZE = 65536
 NO_BODY_STATUS = frozenset((204, 304))
 LAST_CHUNK = b"0\r\n\r\n"
+_INF = float("inf")
 
 #: (scheme, host, port) of an upstream.
 Origin = tuple[bytes, bytes, int]
@@ -37,7 +42,7 @@ class Pool(Protocol):
 class UpstreamConnection:
     """One upstream connection and the bytes read from it but not consumed yet."""
 
-    __slots__ = ("buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
+    __slots__ = ("behind", "buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
         self.origin = origin
@@ -50,6 +55,8 @@ class UpstreamConnection:
         self.fd = socket.fileno()
         self.buffer = bytearray()
         self.idle_since = 0.0
+        #: The last watched read found bytes already waiting (the reader is behind).
+        self.behind = False
 
     async def receive(self, timeout_s: float | None, request: httpx.Request | None) -> bytes:
         """Some bytes (b"" at the end of the stream), within ``timeout_s`` (None: the
@@ -82,6 +89,53 @@ class UpstreamConnection:
             raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
         assert scope.cancelled_caught
         raise httpx.ReadTimeout("upstream read timed out", request=request)
+
+    async def receive_watched(self, watch: ReadWatch, request: httpx.Request | None) -> bytes:
+        """:meth:`receive` for a body's reads, its timeout kept by the run's
+        :mod:`.watchdog` instead of a deadline scope per read: a wait stamps
+        ``watch.waiting_since`` and clears it (one clock read); a wait the watchdog ends
+        raises ``httpx.ReadTimeout``, as the scope's expiry did. Always a checkpoint."""
+        try:
+            if self.plain:
+                if self.behind:
+                    # The last read found bytes waiting: the worker is behind. One more
+                    # scheduler pass before this read lets more arrive, so that it (and
+                    # the client write after it) carries more chunks (see w7-stream.md).
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.lowlevel.checkpoint_if_cancelled()  # before consuming
+                fd = self.fd
+                try:
+                    data = os.read(fd, READ_SIZE)
+                except BlockingIOError:
+                    self.behind = False
+                    watch.waiting_since = trio.current_time()
+                    try:
+                        while True:  # _wait_read inlined: a coroutine frame less per wakeup
+                            await trio.lowlevel.wait_readable(fd)
+                            try:
+                                data = os.read(fd, READ_SIZE)
+                            except BlockingIOError:
+                                continue
+                            break
+                    finally:
+                        watch.waiting_since = _INF
+                else:
+                    self.behind = True
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+            else:
+                watch.waiting_since = trio.current_time()
+                try:
+                    data = bytes(await self.stream.receive_some(READ_SIZE))
+                finally:
+                    watch.waiting_since = _INF
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if watch.fired:
+                raise httpx.ReadTimeout("upstream read timed out", request=request) from None
+            raise httpx.ReadError(f"upstream read failed: {exc!r}", request=request) from exc
+        if watch.fired:  # the watchdog fired in the pass that brought these bytes: they win
+            watchdog().rearm(watch)
+        return data
 
     async def _wait_read(self) -> bytes:
         """``socket.recv`` without trio's wrapper (an async context manager per call),
@@ -130,7 +184,12 @@ def parse_head(
 
 @final
 class UpstreamBody(httpx.AsyncByteStream):
-    """A response body read off its connection; hands the connection back at its end."""
+    """A response body read off its connection; hands the connection back at its end.
+
+    Each read waits at most ``read_timeout`` (httpx's ``read`` timeout), kept by the run's
+    :func:`~triogate.providers.watchdog.watchdog`: one registration per body, a clock read
+    per wait, instead of a deadline scope per read (one per stream chunk).
+    """
 
     def __init__(
         self,
@@ -149,13 +208,16 @@ class UpstreamBody(httpx.AsyncByteStream):
         self._length = length
         self._chunked = chunked
         self._keep_alive = keep_alive and (length is not None or chunked)
-        self._timeout = read_timeout
         self._done = False
+        # Each read's timeout is kept by the run's watchdog (one registration per body,
+        # not a deadline scope per read; see watchdog.py).
+        self._watch = None if read_timeout is None else watchdog().watch(conn.fd, read_timeout)
 
     async def _more(self) -> bytes:
         assert self._conn is not None
-        data = await self._conn.receive(self._timeout, self._request)
-        return data
+        if self._watch is None:
+            return await self._conn.receive(None, self._request)
+        return await self._conn.receive_watched(self._watch, self._request)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn = self._conn
@@ -282,12 +344,14 @@ class UpstreamBody(httpx.AsyncByteStream):
             if left is not None:
                 self._length = left - len(data)
             return data
+        waited = False  # the upstream read below is this call's checkpoint
         while True:
             pieces = []
             while (piece := buffered_chunk(buf)) is not None:
                 pieces.append(piece)
             if pieces:
-                await trio.lowlevel.checkpoint()
+                if not waited:
+                    await trio.lowlevel.checkpoint()
                 return b"".join(pieces)
             # No whole data chunk buffered: the last chunk, a malformed one, or one that
             # needs more bytes.
@@ -308,7 +372,12 @@ class UpstreamBody(httpx.AsyncByteStream):
                     raise httpx.RemoteProtocolError("chunk without CRLF", request=self._request)
             elif len(buf) > MAX_HEAD_BYTES:
                 raise httpx.RemoteProtocolError("chunk header too long", request=self._request)
-            data = await self._more()
+            watch = self._watch
+            data = await (conn.receive(None, self._request) if watch is None
+                          else conn.receive_watched(watch, self._request))
+            waited = True
+            if not buf and (piece := whole_chunk(data)) is not None:
+                return piece  # the usual read: exactly one chunk (no buffer round trip)
             if not data:
                 raise httpx.RemoteProtocolError(
                     "upstream closed the connection mid-chunk", request=self._request
@@ -323,6 +392,8 @@ class UpstreamBody(httpx.AsyncByteStream):
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if self._watch is not None:
+            watchdog().unwatch(self._watch)
         if not self._done and self._chunked and conn.buffer == LAST_CHUNK:
             # Every data chunk was taken and the last one is here: the body is whole
             # (a stream whose reader stopped at ``data: [DONE]``), the connection reusable.
@@ -341,6 +412,22 @@ def chunk_size(buf: bytearray, end: int) -> int | None:
         return int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
     except ValueError:
         return None
+
+
+def whole_chunk(data: bytes) -> bytes | None:
+    """The data of ``data`` if it is exactly one whole data chunk (size line without an
+    extension, the data, CRLF); else None (the caller buffers it as usual)."""
+    end = data.find(b"\r\n")
+    if end <= 0:
+        return None
+    try:
+        size = int(data[:end], 16)
+    except ValueError:
+        return None
+    start = end + 2
+    if size <= 0 or len(data) != start + size + 2 or not data.endswith(b"\r\n"):
+        return None
+    return data[start : start + size]
 
 
 def buffered_chunk(buf: bytearray) -> bytes | None:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 _DATA = b"data: "
 _EVENT = b"event: "
 _DONE = b"[DONE]"
+_OBJECT_START = (b"{", "{")
 
 # One entry of the queue: an event and its wire bytes (None: encode it), or the error
 # that ends the stream at that point.
@@ -149,6 +150,11 @@ class RawStream:
         self._tracker = tracker
         self._translator = translator
         self._framing = framing
+        # Bound once: looked up per event otherwise.
+        self._observe_usage = tracker.observe
+        self._observe = translator.observe
+        self._data_at = framing.data_at
+        self._encodes_as = None if isinstance(framing, ChatFraming) else framing.encodes_as
         self._buffer = b""  # bytes after the last whole event
         self._decoder: SSEDecoder | None = None  # once a CR showed up: for the rest
         self._general = SSEDecoder()  # for events of another form
@@ -223,13 +229,15 @@ class RawStream:
             self._decoded(self._decoder.feed(buf))
             return
         start = 0
-        data_at = self._framing.data_at
+        data_at = self._data_at
+        size = len(buf)
         while not self._ended:
             end = buf.find(b"\n\n", start)
             if end < 0:
                 break
             if (at := data_at(buf, start, end)) >= 0:
-                wire = buf[start : end + 2]
+                # One event per read is the usual case: its bytes are the read's, uncut.
+                wire = buf if start == 0 and end + 2 == size else buf[start : end + 2]
                 self._event(wire[at:-2], wire, at)
             elif end > start:
                 self._decoded(self._general.feed(buf[start : end + 2]))
@@ -252,7 +260,9 @@ class RawStream:
 
     def _event(self, data: bytes | str, wire: bytes | None, data_at: int) -> None:
         """One event's data: [DONE] ends the stream; else a JSON object, observed."""
-        if data.strip() == (_DONE if isinstance(data, bytes) else "[DONE]"):
+        # A JSON object starts with "{": only anything else can be [DONE] (no strip copy).
+        if data[:1] not in _OBJECT_START and data.strip() == (
+                _DONE if isinstance(data, bytes) else "[DONE]"):
             self._ended = True
             return
         try:
@@ -268,8 +278,8 @@ class RawStream:
                 f"upstream stream event is not an object: {_text(data)[:200]!r}"))
             return
         try:
-            self._tracker.observe(value)
-            self._translator.observe(value)
+            self._observe_usage(value)
+            self._observe(value)
         except ProviderError as exc:  # an in-stream error object
             self._fail(exc)
             return
@@ -279,7 +289,8 @@ class RawStream:
             error.__cause__ = exc
             self._fail(error)
             return
-        if wire is not None and not self._framing.encodes_as(wire, data_at, value):
+        encodes_as = self._encodes_as  # None: every event is written as it came (chat)
+        if wire is not None and encodes_as is not None and not encodes_as(wire, data_at, value):
             wire = None
         self._pending.append((value, wire))
 
