@@ -8,6 +8,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import httpx
 import pytest
 import trio
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
     from triogate.batch import RespBackend
     from triogate.config import GatewayConfig
+    from triogate.store.records import SpendLogRow
     from triogate.testing.fakeupstream import FakeUpstream
 
 MASTER_KEY = "sk-test-master"
@@ -134,6 +136,30 @@ async def traced_waits(gateway: Gateway, response: Any) -> Any:
         await gateway.services.settler.wait_drained()
     assert gateway.services.tracer is not None
     return gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
+
+
+async def streamed(url: str, body: dict[str, Any]) -> bytes:
+    """The raw bytes of a streamed answer to ``body`` POSTed to ``url`` with the master
+    key; asserts a 200."""
+    with trio.fail_after(20):
+        async with httpx.AsyncClient(timeout=20) as http, http.stream(
+            "POST", url, json=body, headers=MASTER_HEADERS,
+        ) as response:
+            assert response.status_code == 200
+            return b"".join([part async for part in response.aiter_raw()])
+
+
+async def spend_rows(gateway: Gateway, count: int) -> list[SpendLogRow]:
+    """The spend-log rows once the settler and the spend-log writer have drained, newest
+    first; asserts there are ``count`` of them."""
+    services = gateway.services
+    assert services.spend_logs is not None and services.store is not None
+    with trio.fail_after(10):
+        await services.settler.wait_drained()
+        await services.spend_logs.wait_drained()
+    rows, total = await services.store.query_spend_logs()
+    assert total == count
+    return list(rows)
 
 
 @pytest.fixture

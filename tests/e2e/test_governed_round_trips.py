@@ -132,6 +132,25 @@ async def test_every_litellm_route_with_a_governed_key_waits_once_before_and_aft
     assert sorted(before.owners) == sorted(["budgets"] * 3 + ["routing"])
 
 
+async def _fail_in_admission(gateway: Gateway, key: str, monkeypatch: pytest.MonkeyPatch,
+                             part: str) -> None:
+    """One request whose ``part`` (``budgets`` or ``rate_limits``) of the admission fails
+    with a bug: a 500; then the settler has drained."""
+    async def broken(*args: object, **kwargs: object) -> object:
+        await trio.lowlevel.checkpoint()
+        raise RuntimeError(f"a bug in the {part}")
+
+    monkeypatch.setattr(f"triogate.governance.{part}.conclude", broken)
+    body = {"model": "gpt-test", "user": "customer-1",
+            "messages": [{"role": "user", "content": "fail in admission"}]}
+    async with httpx.AsyncClient(timeout=20) as http:
+        response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key}"})
+    assert response.status_code == 500
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+
+
 async def test_a_failing_check_leaves_no_reservation_of_the_other(
     governed: tuple[Gateway, str], redis: RespBackend, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -141,19 +160,7 @@ async def test_a_failing_check_leaves_no_reservation_of_the_other(
     gateway, key = governed
     await traced(gateway, key)  # warms the identity
 
-    async def broken(*args: object, **kwargs: object) -> object:
-        await trio.lowlevel.checkpoint()
-        raise RuntimeError("a bug in the rate limits")
-
-    monkeypatch.setattr("triogate.governance.rate_limits.conclude", broken)
-    body = {"model": "gpt-test", "user": "customer-1",
-            "messages": [{"role": "user", "content": "fail in admission"}]}
-    async with httpx.AsyncClient(timeout=20) as http:
-        response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
-                                   headers={"authorization": f"Bearer {key}"})
-    assert response.status_code == 500
-    with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+    await _fail_in_admission(gateway, key, monkeypatch, "rate_limits")
     (names,) = await redis.execute([("KEYS", "tg:*:bud:*")])  # type: ignore[list-item]
     assert isinstance(names, list)
     counters = [n.decode() for n in names
@@ -194,17 +201,5 @@ async def test_a_failing_budget_check_leaves_no_count_of_the_rate_limits(
     before = await rate_counts(redis)
     assert any(before.values())  # the warm-up request was counted
 
-    async def broken(*args: object, **kwargs: object) -> object:
-        await trio.lowlevel.checkpoint()
-        raise RuntimeError("a bug in the budgets")
-
-    monkeypatch.setattr("triogate.governance.budgets.conclude", broken)
-    body = {"model": "gpt-test", "user": "customer-1",
-            "messages": [{"role": "user", "content": "fail in admission"}]}
-    async with httpx.AsyncClient(timeout=20) as http:
-        response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
-                                   headers={"authorization": f"Bearer {key}"})
-    assert response.status_code == 500
-    with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+    await _fail_in_admission(gateway, key, monkeypatch, "budgets")
     assert await rate_counts(redis) == before

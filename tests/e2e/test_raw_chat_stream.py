@@ -18,7 +18,7 @@ import orjson
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway
+from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway, spend_rows, streamed
 from triogate.providers import upstream as upstream_module
 
 if TYPE_CHECKING:
@@ -72,13 +72,7 @@ async def _stream(gateway: Gateway, *, include_usage: bool, raw: bool,
     with monkeypatch.context() as patch:
         if not raw:
             patch.setattr(upstream_module, "ChatPassthrough", _Never)
-        with trio.fail_after(20):
-            async with httpx.AsyncClient(timeout=20) as http, http.stream(
-                "POST", f"{gateway.openai_base}/chat/completions", json=body,
-                headers=MASTER_HEADERS,
-            ) as response:
-                assert response.status_code == 200
-                return b"".join([part async for part in response.aiter_raw()])
+        return await streamed(f"{gateway.openai_base}/chat/completions", body)
 
 
 async def _both(gateway: Gateway, monkeypatch: pytest.MonkeyPatch, *,
@@ -183,14 +177,7 @@ async def test_a_client_gone_mid_stream_is_charged_the_same(
                     assert seen == b"".join(CONTENT[:5])
                 while scripted.gone < (2 if raw else 1):  # the upstream stream was dropped
                     await trio.sleep(0.01)
-    services = gateway.services
-    assert services.spend_logs is not None and services.store is not None
-    with trio.fail_after(10):
-        await services.settler.wait_drained()
-        await services.spend_logs.wait_drained()
-    rows, total = await services.store.query_spend_logs()
-    assert total == 2
-    new, old = rows  # newest first
+    new, old = await spend_rows(gateway, 2)  # newest first
     assert new.status == old.status == "cancelled"
     assert new.output_tokens == old.output_tokens > 0
     assert new.input_tokens == old.input_tokens

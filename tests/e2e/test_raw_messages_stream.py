@@ -18,7 +18,13 @@ import orjson
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_HEADERS, MASTER_KEY, gateway_config, running_gateway
+from tests.e2e.conftest import (
+    MASTER_HEADERS,
+    MASTER_KEY,
+    gateway_config,
+    running_gateway,
+    spend_rows,
+)
 from triogate.providers import upstream as upstream_module
 from triogate.providers.rawsse import RawStream
 
@@ -107,16 +113,6 @@ async def _both(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> tuple[byte
     return old, new
 
 
-async def _spend_rows(gateway: Gateway, count: int) -> list[Any]:
-    services = gateway.services
-    assert services.spend_logs is not None and services.store is not None
-    with trio.fail_after(10):
-        await services.settler.wait_drained()
-        await services.spend_logs.wait_drained()
-    rows, total = await services.store.query_spend_logs()
-    assert total == count
-    return list(rows)
-
 
 def _splits(data: bytes, size: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
@@ -131,7 +127,7 @@ async def test_raw_output_is_the_encoded_output(
     scripted.gap_s = 0.002
     old, new = await _both(gateway, monkeypatch)
     assert new == old == REALISTIC  # compact JSON, names as types: the upstream's bytes
-    new_row, old_row = await _spend_rows(gateway, 2)  # newest first
+    new_row, old_row = await spend_rows(gateway, 2)  # newest first
     assert new_row.status == old_row.status == "success"
     assert (new_row.input_tokens, new_row.output_tokens) == (9, 7)
     assert (old_row.input_tokens, old_row.output_tokens) == (9, 7)
@@ -148,7 +144,7 @@ async def test_a_raw_stream_is_cached_as_the_encoded_one(
         first, headers = await _stream(gateway, raw=raw, monkeypatch=monkeypatch,
                                        content="cache me")
         assert first == REALISTIC and headers["x-triogate-cache"] == "miss"
-        await _spend_rows(gateway, 3 if raw else 1)  # the cache SET is in
+        await spend_rows(gateway, 3 if raw else 1)  # the cache SET is in
         hit, headers = await _stream(gateway, raw=raw, monkeypatch=monkeypatch,
                                      content="cache me")
         assert headers["x-triogate-cache"] == "hit"
@@ -224,7 +220,7 @@ async def test_a_client_gone_mid_stream_is_charged_the_same(
                     assert seen == b"".join(EVENTS[:6])
                 while scripted.gone < (2 if raw else 1):  # the upstream stream was dropped
                     await trio.sleep(0.01)
-    new, old = await _spend_rows(gateway, 2)  # newest first
+    new, old = await spend_rows(gateway, 2)  # newest first
     assert new.status == old.status == "cancelled"
     assert new.output_tokens == old.output_tokens > 0
     assert new.input_tokens == old.input_tokens == 9
@@ -248,5 +244,5 @@ async def test_the_anthropic_sdk_reads_a_raw_stream(
     assert final.content[0].type == "text" and final.content[0].text == "".join(TEXTS)
     assert (final.usage.input_tokens, final.usage.output_tokens) == (9, 7)
     assert final.stop_reason == "end_turn"
-    (row,) = await _spend_rows(gateway, 1)
+    (row,) = await spend_rows(gateway, 1)
     assert (row.status, row.input_tokens, row.output_tokens) == ("success", 9, 7)

@@ -10,7 +10,7 @@ import orjson
 import pytest
 import trio
 
-from tests.e2e.conftest import gateway_config, running_gateway
+from tests.e2e.conftest import gateway_config, running_gateway, spend_rows
 from triogate.batch import open_batch_scope
 from triogate.governance.budgets import budget_state
 from triogate.store import hash_key
@@ -59,13 +59,8 @@ async def key_budget(gateway: Gateway, raw: str) -> tuple[int, int]:
 
 
 async def spend_row(gateway: Gateway) -> SpendLogRow:
-    assert gateway.services.spend_logs is not None and gateway.services.store is not None
-    with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
-        await gateway.services.spend_logs.wait_drained()
-    rows, total = await gateway.services.store.query_spend_logs()
-    assert total == 1
-    return rows[0]
+    (row,) = await spend_rows(gateway, 1)
+    return row
 
 
 async def test_usage_is_always_asked_of_openai_upstreams(

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway
+from tests.e2e.conftest import gateway_config, running_gateway, spend_rows, streamed
 from triogate.api import flow as flow_module
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tests.e2e.conftest import Gateway
     from tests.e2e.scripted_upstream import Scripted
     from triogate.batch import RespBackend
 
@@ -47,26 +45,6 @@ BODY = {"model": "gpt-test", "stream": True, "max_tokens": 50,
         "messages": [{"role": "user", "content": "a story"}]}
 
 
-async def _stream(gateway: Gateway, body: dict[str, Any]) -> bytes:
-    with trio.fail_after(20):
-        async with httpx.AsyncClient(timeout=20) as http, http.stream(
-            "POST", f"{gateway.openai_base}/chat/completions", json=body,
-            headers=MASTER_HEADERS,
-        ) as response:
-            assert response.status_code == 200
-            return b"".join([part async for part in response.aiter_raw()])
-
-
-async def _rows(gateway: Gateway, count: int) -> list[Any]:
-    services = gateway.services
-    assert services.spend_logs is not None and services.store is not None
-    with trio.fail_after(10):
-        await services.settler.wait_drained()
-        await services.spend_logs.wait_drained()
-    rows, total = await services.store.query_spend_logs()
-    assert total == count
-    return list(rows)
-
 
 @pytest.mark.parametrize("cache", [False, True])
 async def test_the_outcome_of_a_stream_is_the_same_with_or_without_a_cache(
@@ -88,13 +66,14 @@ async def test_the_outcome_of_a_stream_is_the_same_with_or_without_a_cache(
                             **overrides)
     with trio.fail_after(60):
         async with running_gateway(config) as gateway:
-            first = await _stream(gateway, BODY)
+            url = f"{gateway.openai_base}/chat/completions"
+            first = await streamed(url, BODY)
             assert first.startswith(b"".join(EVENTS[:4]))  # the upstream's own bytes
             # no-cache and no-store: from the upstream, and nothing kept even with a cache
             # (its events are decoded only up to the id).
-            await _stream(gateway, {**BODY, "cache": {"no-cache": True, "no-store": True}})
-            again = await _stream(gateway, BODY)
-            rows = await _rows(gateway, 3)
+            await streamed(url, {**BODY, "cache": {"no-cache": True, "no-store": True}})
+            again = await streamed(url, BODY)
+            rows = await spend_rows(gateway, 3)
     upstream_rows = [row for row in rows if not row.cache_hit]
     assert [row.response_id for row in upstream_rows] == ["chatcmpl-named"] * len(upstream_rows)
     for row in upstream_rows:

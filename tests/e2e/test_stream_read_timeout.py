@@ -20,7 +20,7 @@ import orjson
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway
+from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway, spend_rows
 from triogate.providers import upstream as upstream_module
 
 if TYPE_CHECKING:
@@ -125,14 +125,8 @@ async def test_a_silent_upstream_mid_stream_times_out_the_same_way(
         with trio.fail_after(5):
             while scripted.gone < (2 if raw else 1):  # the upstream connection dropped
                 await trio.sleep(0.01)
-    services = gateway.services
-    assert services.spend_logs is not None and services.store is not None
-    with trio.fail_after(10):
-        await services.settler.wait_drained()
-        await services.spend_logs.wait_drained()
-    rows, total = await services.store.query_spend_logs()
-    assert total == 2  # settled once each, no retry after the first event
-    new, old = rows  # newest first
+    # settled once each, no retry after the first event
+    new, old = await spend_rows(gateway, 2)  # newest first
     assert new.status == old.status == "error"
     assert new.http_status == old.http_status == 200  # what the client got: a 200 stream
     assert new.output_tokens == old.output_tokens > 0  # counted so far
