@@ -50,7 +50,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-USD = 1_000_000_000
 ROOT = Path(__file__).resolve().parent.parent
 
 Pipeline = list[tuple[bytes, ...]]
@@ -70,7 +69,10 @@ def capture(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     import trio
 
     sys.path.insert(0, str(ROOT))
-    from tests.e2e.conftest import gateway_config, running_gateway
+    sys.path.insert(0, str(ROOT / "bench"))
+    import governed_shape
+
+    from tests.e2e.conftest import running_gateway
     from triogate.batch import RespBackend
     from triogate.testing.fakeupstream import open_fake_upstream
 
@@ -87,25 +89,11 @@ def capture(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 scripts[wire[2]] = None
             else:
                 measured.append(wire)
-        if recording[0] and self.name != "capacity-probe" and measured:
+        if recording[0] and measured:
             recorded.append(measured)
         return await original(self, commands)
 
     RespBackend.execute = execute  # type: ignore[method-assign]
-
-    async def send(http: httpx.AsyncClient, url: str, key: str, n: int, tag: str) -> None:
-        async def one_connection(c: int) -> None:
-            for i in range(c, n, args.capture_connections):
-                reply = await http.post(f"{url}/chat/completions", json={
-                    "model": "bench", "user": "end-user-1", "max_tokens": 16,
-                    "messages": [{"role": "user", "content": f"{tag} {i} {time.time()}"}]},
-                    headers={"authorization": f"Bearer {key}",
-                             "x-request-id": f"{tag}{i:06d}x"})
-                assert reply.status_code == 200, reply.text
-
-        async with trio.open_nursery() as nursery:
-            for c in range(args.capture_connections):
-                nursery.start_soon(one_connection, c)
 
     async def run() -> None:
         sock = folder / "capture.sock"
@@ -118,42 +106,21 @@ def capture(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 if sock.exists():
                     break
                 await trio.sleep(0.05)
-            async with open_fake_upstream() as upstream:
-                def deployment(name: str) -> dict[str, Any]:
-                    return {"model_name": "bench", "model_info": {"id": name},
-                            "litellm_params": {
-                                "model": f"openai/{name}", "api_base": f"{upstream.base_url}/v1",
-                                "api_key": "sk-upstream-secret",
-                                "input_cost_per_token": "0.000001",
-                                "output_cost_per_token": "0.000002",
-                                "rpm": 10**9, "tpm": 10**11}}
-
-                config = gateway_config(
-                    folder / "state", url, upstream.base_url,
-                    model_list=[deployment("up-a"), deployment("up-b")],
-                    router_settings={"routing_strategy": "usage-based-routing"},
-                    litellm_settings={"cache": True, "cache_params": {"ttl": 600}},
-                    triogate={"tracing": False, "redis": {"url": url, "timeout_s": 30.0}})
-                async with running_gateway(config) as gateway, httpx.AsyncClient(
-                        timeout=120) as http:
-                    store = gateway.services.store
-                    assert store is not None
-                    team = await store.create_team(
-                        max_budget_nanousd=10**6 * USD, budget_duration="30d",
-                        rpm_limit=10**9, tpm_limit=10**11)
-                    key, _ = await store.create_key(
-                        team_id=team.team_id, max_budget_nanousd=10**5 * USD,
-                        budget_duration="1d", rpm_limit=10**8, tpm_limit=10**10)
-                    await store.create_end_user(user_id="end-user-1",
-                                                max_budget_nanousd=10**4 * USD,
-                                                rpm_limit=10**8)
-                    base = gateway.openai_base
-                    await send(http, base, key, args.warmup, "warm")
-                    await gateway.services.settler.wait_drained()
-                    recording[0] = True
-                    await send(http, base, key, args.requests, "cap")
-                    await gateway.services.settler.wait_drained()
-                    recording[0] = False
+            async with open_fake_upstream() as upstream, running_gateway(
+                    governed_shape.config(folder, url, upstream.base_url)) as gateway, \
+                    httpx.AsyncClient(timeout=120) as http:
+                assert gateway.services.store is not None
+                key = await governed_shape.principals(gateway.services.store)
+                base = gateway.openai_base
+                n = args.capture_connections
+                await governed_shape.send(http, base, key, args.warmup, "warm", n,
+                                          request_ids=True)
+                await gateway.services.settler.wait_drained()
+                recording[0] = True
+                await governed_shape.send(http, base, key, args.requests, "cap", n,
+                                          request_ids=True)
+                await gateway.services.settler.wait_drained()
+                recording[0] = False
         finally:
             server.kill()
             server.wait()

@@ -39,8 +39,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-USD = 1_000_000_000
-
 #: Inclusive callgrind costs reported (the first name found per row).
 PARTS = (
     ("event loop (all)", ("aeProcessEvents",)),
@@ -59,7 +57,10 @@ def child(args: argparse.Namespace) -> None:
     import httpx
     import trio
 
-    from tests.e2e.conftest import gateway_config, running_gateway
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import governed_shape
+
+    from tests.e2e.conftest import running_gateway
     from triogate.batch import RespBackend
     from triogate.testing.fakeupstream import open_fake_upstream
 
@@ -77,20 +78,6 @@ def child(args: argparse.Namespace) -> None:
                 out["usec"][name[8:]] = int(f["usec"])
         return out
 
-    async def send(http: httpx.AsyncClient, url: str, key: str, n: int, tag: str,
-                   connections: int) -> None:
-        async def one_connection(c: int) -> None:
-            for i in range(c, n, connections):
-                reply = await http.post(f"{url}/chat/completions", json={
-                    "model": "bench", "user": "end-user-1", "max_tokens": 16,
-                    "messages": [{"role": "user", "content": f"{tag} {i} {time.time()}"}]},
-                    headers={"authorization": f"Bearer {key}"})
-                assert reply.status_code == 200, reply.text
-
-        async with trio.open_nursery() as nursery:
-            for c in range(connections):
-                nursery.start_soon(one_connection, c)
-
     async def run(folder: Path) -> dict[str, Any]:
         sock = folder / "r.sock"
         cg_out = folder / "cg.out"
@@ -107,53 +94,32 @@ def child(args: argparse.Namespace) -> None:
             await trio.sleep(0.05)
         redis = RespBackend(url, command_timeout_s=60)
         try:
-            async with open_fake_upstream() as upstream:
-                def deployment(name: str) -> dict[str, Any]:
-                    return {"model_name": "bench", "model_info": {"id": name}, "litellm_params": {
-                        "model": f"openai/{name}", "api_base": f"{upstream.base_url}/v1",
-                        "api_key": "sk-upstream-secret", "input_cost_per_token": "0.000001",
-                        "output_cost_per_token": "0.000002", "rpm": 10**9, "tpm": 10**11}}
-
-                config = gateway_config(
-                    folder / "state", url, upstream.base_url,
-                    model_list=[deployment("up-a"), deployment("up-b")],
-                    router_settings={"routing_strategy": "usage-based-routing"},
-                    litellm_settings={"cache": True, "cache_params": {"ttl": 600}},
-                    triogate={"tracing": False, "redis": {"url": url, "timeout_s": 30.0},
-                              # --no-merge: settlements one call each (a tree that knows
-                              # the setting; w5-agg and later)
-                              **({"governance": {"merge_settlements": False}}
-                                 if args.no_merge else {})})
-                async with running_gateway(config) as gateway, httpx.AsyncClient(
-                        timeout=120) as http:
-                    store = gateway.services.store
-                    assert store is not None
-                    team = await store.create_team(
-                        max_budget_nanousd=10**6 * USD, budget_duration="30d",
-                        rpm_limit=10**9, tpm_limit=10**11)
-                    key, _ = await store.create_key(
-                        team_id=team.team_id, max_budget_nanousd=10**5 * USD,
-                        budget_duration="1d", rpm_limit=10**8, tpm_limit=10**10)
-                    await store.create_end_user(user_id="end-user-1",
-                                                max_budget_nanousd=10**4 * USD,
-                                                rpm_limit=10**8)
-                    base = gateway.openai_base
-                    await send(http, base, key, args.warmup, "warm-up", args.connections)
-                    await gateway.services.settler.wait_drained()
-                    if args.callgrind:
-                        await trio.run_process(["callgrind_control", "-i", "on",
-                                                str(server.pid)], capture_stdout=True)
-                    before = await info(redis)
-                    settled0 = gateway.services.settler.statistics()
-                    t0 = time.perf_counter()
-                    await send(http, base, key, args.requests, "measured", args.connections)
-                    await gateway.services.settler.wait_drained()
-                    wall = time.perf_counter() - t0
-                    after = await info(redis)
-                    settled1 = gateway.services.settler.statistics()
-                    if args.callgrind:
-                        await trio.run_process(["callgrind_control", "-i", "off",
-                                                str(server.pid)], capture_stdout=True)
+            # --no-merge: settlements one call each (a tree that knows the setting; w5-agg
+            # and later)
+            settings = {"governance": {"merge_settlements": False}} if args.no_merge else {}
+            async with open_fake_upstream() as upstream, running_gateway(
+                    governed_shape.config(folder, url, upstream.base_url, **settings)
+            ) as gateway, httpx.AsyncClient(timeout=120) as http:
+                assert gateway.services.store is not None
+                key = await governed_shape.principals(gateway.services.store)
+                base = gateway.openai_base
+                conns = args.connections
+                await governed_shape.send(http, base, key, args.warmup, "warm-up", conns)
+                await gateway.services.settler.wait_drained()
+                if args.callgrind:
+                    await trio.run_process(["callgrind_control", "-i", "on",
+                                            str(server.pid)], capture_stdout=True)
+                before = await info(redis)
+                settled0 = gateway.services.settler.statistics()
+                t0 = time.perf_counter()
+                await governed_shape.send(http, base, key, args.requests, "measured", conns)
+                await gateway.services.settler.wait_drained()
+                wall = time.perf_counter() - t0
+                after = await info(redis)
+                settled1 = gateway.services.settler.statistics()
+                if args.callgrind:
+                    await trio.run_process(["callgrind_control", "-i", "off",
+                                            str(server.pid)], capture_stdout=True)
         finally:
             with contextlib.suppress(Exception):  # the shutdown's reply never comes
                 await redis.execute([("SHUTDOWN", "NOSAVE")])
