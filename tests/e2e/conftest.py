@@ -149,6 +149,21 @@ async def streamed(url: str, body: dict[str, Any]) -> bytes:
             return b"".join([part async for part in response.aiter_raw()])
 
 
+async def leave_mid_stream(url: str, body: dict[str, Any], events: int) -> bytes:
+    """POST ``body`` (a stream) with the master key, read until ``events`` SSE events
+    arrived, then close the connection as a client that goes away; return what was read."""
+    with trio.fail_after(20):
+        async with httpx.AsyncClient(timeout=20) as http, http.stream(
+            "POST", url, json=body, headers=MASTER_HEADERS,
+        ) as response:
+            seen = b""
+            async for part in response.aiter_raw():
+                seen += part
+                if seen.count(b"\n\n") == events:
+                    break
+            return seen
+
+
 async def spend_rows(gateway: Gateway, count: int) -> list[SpendLogRow]:
     """The spend-log rows once the settler and the spend-log writer have drained, newest
     first; asserts there are ``count`` of them."""

@@ -13,12 +13,17 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-import httpx
 import orjson
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_HEADERS, gateway_config, running_gateway, spend_rows, streamed
+from tests.e2e.conftest import (
+    gateway_config,
+    leave_mid_stream,
+    running_gateway,
+    spend_rows,
+    streamed,
+)
 from triogate.providers import upstream as upstream_module
 
 if TYPE_CHECKING:
@@ -164,17 +169,10 @@ async def test_a_client_gone_mid_stream_is_charged_the_same(
         with monkeypatch.context() as patch:
             if not raw:
                 patch.setattr(upstream_module, "ChatPassthrough", _Never)
+            # every chunk the upstream sent arrived: go away
+            seen = await leave_mid_stream(f"{gateway.openai_base}/chat/completions", body, 5)
+            assert seen == b"".join(CONTENT[:5])
             with trio.fail_after(20):
-                async with httpx.AsyncClient(timeout=20) as http, http.stream(
-                    "POST", f"{gateway.openai_base}/chat/completions", json=body,
-                    headers=MASTER_HEADERS,
-                ) as response:
-                    seen = b""
-                    async for part in response.aiter_raw():
-                        seen += part
-                        if seen.count(b"\n\n") == 5:
-                            break  # every chunk the upstream sent arrived: go away
-                    assert seen == b"".join(CONTENT[:5])
                 while scripted.gone < (2 if raw else 1):  # the upstream stream was dropped
                     await trio.sleep(0.01)
     new, old = await spend_rows(gateway, 2)  # newest first
