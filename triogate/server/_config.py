@@ -31,8 +31,11 @@ class ServerConfig:
     progress this long means the client stopped reading; it is treated as gone.
     ``max_pipelined_bytes``: while a response is in flight, how much of the client's next
     requests is read ahead (beyond it, reading pauses until the response is done).
-    ``backlog``: the kernel's listen queue. ``error_body``: the body and headers of the
-    server's own error answers.
+    ``backlog``: the kernel's listen queue. ``max_connections``: the most client
+    connections open at once (``None``: no bound); at the bound an idle kept-alive
+    connection is closed to make room, and with none idle new clients wait in the listen
+    queue until one closes. ``error_body``: the body and headers of the server's own
+    error answers.
     """
 
     keep_alive_s: float = 75.0
@@ -42,4 +45,5 @@ class ServerConfig:
     write_timeout_s: float = 75.0
     max_pipelined_bytes: int = 64 * 1024
     backlog: int = 4096
+    max_connections: int | None = None
     error_body: ErrorBody = plain_error

@@ -112,6 +112,8 @@ class Connection:
         self.timer = trio.CancelScope()
         #: Waiting for a new request with nothing of it received: shutdown may close it.
         self.idle = False
+        #: Requests answered (a connection that served one and idles is kept alive).
+        self.served = 0
         self.closing = False
         self._broken = False
         self._eof = False
@@ -382,6 +384,7 @@ class Connection:
             head_timed = False
             message = queue[0]
             await self._respond(message)
+            self.served += 1
             queue.popleft()
             if not queue:  # what was read ahead is all answered: a new allowance
                 self._ahead = 0

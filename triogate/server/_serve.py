@@ -6,6 +6,14 @@ busy with a request closes once its answer is out; after ``shutdown_grace_s`` wh
 left is cancelled. Then :func:`serve` returns, so the caller can drain what the requests
 left behind (the gateway's settler).
 
+``max_connections`` keeps the server inside its descriptors: past the process's open-files
+limit ``accept`` fails, and so does everything else that opens one (the gateway's upstream
+connections, its Redis pool, SQLite), which would turn a flood of clients into errors for
+the requests already admitted. At the bound the server does what nginx does when its
+``worker_connections`` run out: it closes an idle kept-alive connection (its client
+reconnects, as after the keep-alive), and with none idle it stops accepting until a
+connection closes; the kernel's listen queue holds the newcomers meanwhile.
+
 The ASGI lifespan protocol is not run: the gateway's parts live in the nursery that calls
 :func:`serve` (``triogate.app.open_gateway``), so there is nothing for it to start.
 """
@@ -34,6 +42,10 @@ logger = logging.getLogger("triogate.server")
 _ACCEPT_BATCH = 64
 #: Accept errors that mean "out of descriptors or memory": wait a little, then retry.
 _RESOURCE_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: At ``max_connections``, how often the idle connections are looked for again.
+_ROOM_POLL_S = 0.1
+#: "max_connections reached" is logged at most this often.
+_FULL_LOG_INTERVAL_S = 60.0
 
 
 def listen(host: str, port: int, backlog: int) -> socket.socket:
@@ -59,12 +71,23 @@ class _Server:
         self.date = CachedDate()
         name = listener.getsockname()
         self.address = (str(name[0]), int(name[1]))
+        #: Connections accepted and not yet closed (``connections`` fills a step later).
+        self.open = 0
+        #: Set when a connection closes while the accept loop waits for room.
+        self._room: trio.Event | None = None
+        self._full_logged_at = -math.inf
 
     async def accept(self, nursery: trio.Nursery) -> None:
         listener = self.listener
+        cap = self.config.max_connections
         while True:
             await trio.lowlevel.wait_readable(listener)
+            if cap is not None and self.open >= cap:  # a newcomer waits: make room first
+                await self._make_room()
+                continue
             for _ in range(_ACCEPT_BATCH):
+                if cap is not None and self.open >= cap:
+                    break
                 try:
                     sock, _addr = listener.accept()
                 except BlockingIOError:
@@ -74,8 +97,28 @@ class _Server:
                         logger.warning("accept failed: %s", exc)
                         await trio.sleep(0.1)
                     break  # ECONNABORTED and the like: that client is gone
+                self.open += 1
                 nursery.start_soon(self.connection, sock)
             await trio.lowlevel.checkpoint()
+
+    async def _make_room(self) -> None:
+        """At ``max_connections``: close an idle kept-alive connection, or wait until one
+        closes or, at most ``_ROOM_POLL_S`` later, look again (a busy one may have gone
+        idle: a connection does not report that, so as to cost its requests nothing)."""
+        now = trio.current_time()
+        if now - self._full_logged_at >= _FULL_LOG_INTERVAL_S:
+            self._full_logged_at = now
+            logger.warning("%d client connections open (max_connections): closing idle "
+                           "ones, new clients wait in the listen queue", self.open)
+        room = self._room = trio.Event()
+        # A connection that has not sent its first request yet is a newcomer, not idle.
+        for conn in self.connections:
+            if conn.idle and conn.served and not conn.closing:
+                conn.closing = True
+                conn.timer.deadline = -math.inf
+                break
+        with trio.move_on_after(_ROOM_POLL_S):
+            await room.wait()
 
     async def connection(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -89,8 +132,12 @@ class _Server:
         except Exception:  # a bug here must cost one connection, never the server
             logger.exception("connection failed")
         finally:
+            self.open -= 1
             self.connections.discard(conn)
             sock.close()
+            if self._room is not None:
+                self._room.set()
+                self._room = None
             if self.closing and not self.connections:
                 self.drained.set()
 
