@@ -50,7 +50,7 @@ from triogate.otel import SpanExporter
 from triogate.providers import build_providers
 from triogate.redis_server import open_embedded_server
 from triogate.routing.router import Router
-from triogate.server import ServerConfig
+from triogate.server import ServerConfig, connections_for, open_files_limit
 from triogate.server import serve as serve_http
 from triogate.store import open_store
 from triogate.store.spendlog import SpendLogWriter
@@ -289,7 +289,15 @@ KEEP_ALIVE_S = 75.0
 
 def server_config(config: GatewayConfig) -> ServerConfig:
     """The HTTP server's settings for the gateway (its grace period is the shutdown grace)."""
+    limit = open_files_limit()
+    fits = connections_for(limit)
+    wanted = config.settings.http.max_connections
+    if wanted is not None and wanted > fits:
+        logger.warning("triogate.http.max_connections %d does not fit the open-files limit "
+                       "(%d: room for %d client connections with their upstream ones)",
+                       wanted, limit, fits)
     return ServerConfig(
+        max_connections=wanted or fits,
         keep_alive_s=KEEP_ALIVE_S,
         body_read_timeout_s=config.settings.http.body_read_timeout_s,
         shutdown_grace_s=config.settings.shutdown_grace_s,

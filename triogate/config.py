@@ -240,12 +240,17 @@ class HttpSettings:
     ``body_read_timeout_s``: a request head must be complete this long after its first
     byte, and a body may go this long without a byte; otherwise the request is answered
     408 and its connection closed (a head trickled a byte at a time is not kept alive).
+    ``max_connections``: client connections one worker keeps open at once; at the bound
+    an idle kept-alive one is closed for a newcomer, and with none idle newcomers wait in
+    the listen queue. Unset: what the open-files limit leaves room for, one upstream
+    connection each (``triogate.server._limits``).
     """
 
     metrics_key: str | None = attrs.field(default=None, repr=False)
     cors_allow_origins: list[str] = attrs.Factory(list)
     cors_max_age_s: int = attrs.field(default=600, validator=_non_negative)
     body_read_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    max_connections: int | None = attrs.field(default=None, validator=_optional(_positive))
 
 
 @attrs.frozen(kw_only=True)

@@ -81,3 +81,38 @@ def test_a_missing_config_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     done = triogate("serve", "--config", str(tmp_path / "nope.yaml"), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("triogate: cannot read config")
+
+
+def test_serve_raises_its_open_files_limit_to_the_hard_one(tmp_path: Path) -> None:
+    """A shell's soft limit of 1,024 descriptors would fail a worker's upstream connections
+    at ~500 streams; ``serve`` raises it to the hard limit before serving."""
+    import resource
+    import signal
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 512:
+        pytest.skip("the hard open-files limit leaves nothing to raise")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(f"triogate:\n  state_dir: {tmp_path / 'state'}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRIOGATE_LOG_LEVEL": "info"}
+    for name in ("TRIOGATE_REDIS_URL", "TRIOGATE_DATABASE_URL", "TRIOGATE_MASTER_KEY"):
+        env.pop(name, None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "triogate", "serve", "--port", "0", "--config", str(config)],
+        cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard)),
+    )
+    assert process.stderr is not None
+    try:
+        lines = []
+        for line in process.stderr:
+            lines.append(line)
+            if "Running on" in line:
+                break
+        assert any("open-files limit raised from 512" in line for line in lines), lines
+        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        (row,) = [r for r in limits.splitlines() if r.startswith("Max open files")]
+        assert int(row.split()[3]) == (1 << 20 if hard == resource.RLIM_INFINITY else hard)
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0

@@ -47,7 +47,7 @@ ALLOWED: dict[str, frozenset[str]] = {name: frozenset(deps) for name, deps in {
     "app": ("api", "batch", "cache", "config", "errors", "governance", "metrics", "otel",
             "providers", "redis_server", "routing", "server", "store"),
     "bench": ("api", "app", "batch", "config", "errors", "redis_server"),
-    "cli": ("_log", "app", "bench", "config", "errors", "redis_server"),
+    "cli": ("_log", "app", "bench", "config", "errors", "redis_server", "server"),
     "__main__": ("cli",),
 }.items()}
 

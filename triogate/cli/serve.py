@@ -56,6 +56,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             + ("no master key" if config.master_key is None else "the example master key")
             + ": set general_settings.master_key or TRIOGATE_MASTER_KEY"
         )
+    from triogate.server import raise_open_files_limit
+
+    before, after = raise_open_files_limit()  # workers inherit it
+    if after > before:
+        logger.info("open-files limit raised from %d to %d", before, after)
     if args.workers > 1 and args.listen_fd is None:
         return _supervise(args, config, environ)
     from triogate.app import serve

@@ -15,7 +15,11 @@ from __future__ import annotations
 from triogate.server._config import ServerConfig as ServerConfig
 from triogate.server._config import plain_error as plain_error
 from triogate.server._head import CachedDate as CachedDate
+from triogate.server._limits import connections_for as connections_for
+from triogate.server._limits import open_files_limit as open_files_limit
+from triogate.server._limits import raise_open_files_limit as raise_open_files_limit
 from triogate.server._serve import listen as listen
 from triogate.server._serve import serve as serve
 
-__all__ = ("CachedDate", "ServerConfig", "listen", "plain_error", "serve")
+__all__ = ("CachedDate", "ServerConfig", "connections_for", "listen", "open_files_limit",
+           "plain_error", "raise_open_files_limit", "serve")
