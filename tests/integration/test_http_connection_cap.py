@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
+from tests.integration.test_http_server import read_answer as answer
 from triogate.server import ServerConfig, serve
 
 if TYPE_CHECKING:
@@ -46,15 +47,6 @@ async def capped(nursery: trio.Nursery) -> AsyncIterator[tuple[int, Held]]:
     yield int(url.rsplit(":", 1)[1]), app
     app.release.set()
     shutdown.set()
-
-
-async def answer(stream: trio.SocketStream) -> bytes:
-    data = b""
-    while not data.endswith(b"ok"):
-        chunk = await stream.receive_some(65536)
-        assert chunk, data
-        data += chunk
-    return data
 
 
 async def test_an_idle_kept_alive_connection_makes_room_for_a_newcomer(

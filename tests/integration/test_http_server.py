@@ -63,14 +63,19 @@ async def server(nursery: trio.Nursery) -> AsyncIterator[tuple[str, int, trio.Ev
     shutdown.set()
 
 
-async def _ask(stream: trio.SocketStream, request: bytes = REQUEST) -> bytes:
-    await stream.send_all(request)
+async def read_answer(stream: trio.SocketStream) -> bytes:
+    """Bytes up to the end of an answer whose body is ``ok``."""
     data = b""
     while not data.endswith(b"ok"):
         chunk = await stream.receive_some(65536)
         assert chunk, data
         data += chunk
     return data
+
+
+async def _ask(stream: trio.SocketStream, request: bytes = REQUEST) -> bytes:
+    await stream.send_all(request)
+    return await read_answer(stream)
 
 
 async def _closed_after(stream: trio.SocketStream) -> float:
