@@ -146,14 +146,15 @@ async def admit(services: Services, call: Call) -> Admission:
     # scripts, then reads every reply in its own task: no participant needs a task (a
     # spawn, its first schedule, its exit, the nursery's wake-up). The budgets' wait is
     # the round's: everything of the round is declared by then; the replies after it are
-    # already resolved (awaiting them is a cancel point, not a schedule point).
+    # already resolved (awaiting them is a cancel point, not a schedule point). With no
+    # task to own, the scope opens no nursery (tasks=False).
     route: Participant[RoutingState] | None = None
     budget_p: Participant[BudgetOutcome] | None = None
     rates_p: Participant[RateOutcome] | None = None
     cached: Participant[tuple[str, CachedResponse | None] | None] | None = None
     async with open_batch_scope(
         services.backends, tracer=services.flush_tracer, trace_id=call.trace_id,
-        rounds_before=call.request.waits_before_admission, host=True,
+        rounds_before=call.request.waits_before_admission, host=True, tasks=False,
     ) as scope:
         try:
             pending_route: PendingRead | Exception = services.router.declare_read(
