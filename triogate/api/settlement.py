@@ -139,7 +139,7 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
                 post, call.api, call.group, call.body,
                 outcome.body or (assemble(call.api, outcome.events) if outcome.events else None),
                 outcome.usage, call.cache, namespace=admitted.cache_namespace or "global",
-                now_ms=now_ms,
+                now_ms=now_ms, key=admitted.cache_key,
             )
     deployment = outcome.deployment
     duration_s = trio.current_time() - call.request.started_at
