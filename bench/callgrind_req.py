@@ -104,7 +104,16 @@ def main() -> None:
                 ir = total_ir(outs[-1])
                 if a.keep:
                     outs[-1].rename(f"/tmp/cg-r{r}-t{i}.out")
-                print(f"r{r} c={a.c} tree={i} requests={n:.0f} Ir/req={ir / n:,.0f}",
+                # The worker's own timers (leases, refreshes, the settler's delay) run
+                # whatever the load: their Ir per second, idle, for as long as the run.
+                time.sleep(2)
+                ctl("-z", str(g.pid))
+                time.sleep(a.d)
+                ctl("-d", str(g.pid))
+                idle = total_ir(sorted(work.glob(f"cg{i}.*.out*"),
+                                       key=lambda f: f.stat().st_mtime)[-1])
+                print(f"r{r} c={a.c} tree={i} requests={n:.0f} Ir/req={ir / n:,.0f} "
+                      f"idle_Ir/req={idle / n:,.0f} net_Ir/req={(ir - idle) / n:,.0f}",
                       flush=True)
     finally:
         for g, *_ in gws:
