@@ -12,7 +12,8 @@ run participants in its own task (``BatchScope.run_inline``), which spares the s
 the scheduling of a task per participant; only its last declaration before a wait may
 wait inline (calls run one after another). A host that is the only live participant
 sends its round from its own task when it waits (no flush task: nobody else could
-declare meanwhile).
+declare meanwhile). A host scope opened with ``tasks=False`` has no nursery at all: every
+participant runs inline and every round leaves from the host (what admission uses).
 
 Participants' exceptions are captured (``Exception`` only; cancellation propagates):
 one subsystem failing does not cancel the others, and ``Participant.result()`` re-raises
