@@ -496,7 +496,6 @@ class BatchScope:
 
 
 @final
-@final
 class _ClosedScope:
     """What a batch declares into once its scope has closed: the backends, to check a
     call as before, and a refusal."""
