@@ -16,6 +16,7 @@ values are resolved here from the mapping the caller passes (``cli.py`` passes
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from decimal import Decimal, InvalidOperation
 from importlib import resources
@@ -325,15 +326,45 @@ class MockSettings:
 
 @attrs.frozen(kw_only=True)
 class Price:
-    """USD per token, kept as exact decimals; costs come out in integer nano-USD."""
+    """USD per token, kept as exact decimals; costs come out in integer nano-USD.
+
+    The prices are also kept as integers over one denominator (nano-USD per token times
+    ``_den``), so that :meth:`cost_nanousd`, computed two to four times per request,
+    is integer arithmetic: exact for any token count, where Decimal's 28 digits round.
+    """
 
     input_usd_per_token: Decimal = Decimal(0)
     output_usd_per_token: Decimal = Decimal(0)
+    _in: int = attrs.field(init=False, repr=False, eq=False)
+    _out: int = attrs.field(init=False, repr=False, eq=False)
+    _den: int = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        inp, out = self.input_usd_per_token, self.output_usd_per_token
+        if not (inp.is_finite() and out.is_finite()):
+            num_in = num_out = den = 0  # cost_nanousd keeps to Decimal (and its errors)
+        else:
+            num_in, den_in = inp.as_integer_ratio()
+            num_out, den_out = out.as_integer_ratio()
+            den = math.lcm(den_in, den_out)
+            num_in *= den // den_in * 1_000_000_000
+            num_out *= den // den_out * 1_000_000_000
+        object.__setattr__(self, "_in", num_in)
+        object.__setattr__(self, "_out", num_out)
+        object.__setattr__(self, "_den", den)
 
     def cost_nanousd(self, input_tokens: int, output_tokens: int) -> int:
-        """Cost of a call, rounded half-up to a whole nano-dollar."""
-        usd = input_tokens * self.input_usd_per_token + output_tokens * self.output_usd_per_token
-        return int((usd * 1_000_000_000).to_integral_value(rounding="ROUND_HALF_UP"))
+        """Cost of a call, rounded half-up (away from zero) to a whole nano-dollar."""
+        den = self._den
+        if not den:
+            usd = (input_tokens * self.input_usd_per_token
+                   + output_tokens * self.output_usd_per_token)
+            return int((usd * 1_000_000_000).to_integral_value(rounding="ROUND_HALF_UP"))
+        total = input_tokens * self._in + output_tokens * self._out
+        whole, rest = divmod(abs(total), den)
+        if 2 * rest >= den:
+            whole += 1
+        return whole if total >= 0 else -whole
 
 
 @attrs.frozen(kw_only=True)

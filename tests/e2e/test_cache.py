@@ -78,6 +78,31 @@ async def test_a_hit_is_served_from_cache_with_one_wait_each_side(
     assert by_id[miss.headers["x-triogate-trace-id"]].cost_nanousd > 0
 
 
+async def test_a_miss_hashes_the_request_once(
+    cached: tuple[Gateway, str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lookup's key goes to the store: the canonical request is hashed once per
+    request, and the entry stored under it is the one a second request finds."""
+    import triogate.cache.response as response_module
+
+    gateway, key, _ = cached
+    calls: list[str] = []
+    real = response_module.cache_key
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(response_module, "cache_key", counted)
+    body = {**BODY, "messages": [{"role": "user", "content": "hashed once"}]}
+    miss = await post(gateway, key, body)
+    assert miss.headers["x-triogate-cache"] == "miss"
+    assert len(calls) == 1
+    hit = await post(gateway, key, body)
+    assert hit.headers["x-triogate-cache"] == "hit"
+    assert calls == [calls[0], calls[0]]
+
+
 async def test_a_streaming_request_is_answered_from_cache_as_a_stream(
     cached: tuple[Gateway, str, str], upstream: FakeUpstream
 ) -> None:

@@ -168,10 +168,12 @@ async def test_request_id_is_echoed_or_made(gateway: Gateway) -> None:
         mine = await http.get(f"{gateway.url}/health/liveliness",
                               headers={"x-request-id": "req-123"})
         made = await http.get(f"{gateway.url}/health/liveliness")
+        again = await http.get(f"{gateway.url}/health/liveliness")
         missing = await http.get(f"{gateway.url}/nope")
         wrong = await http.get(f"{gateway.openai_base}/chat/completions")
     assert mine.headers["x-request-id"] == "req-123"
     assert len(made.headers["x-request-id"]) == 32
+    assert int(made.headers["x-request-id"], 16) != int(again.headers["x-request-id"], 16)
     assert missing.status_code == 404 and missing.headers["x-request-id"]
     assert wrong.status_code == 405 and wrong.headers["allow"] == "OPTIONS, POST"
 

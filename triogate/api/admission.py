@@ -105,8 +105,9 @@ def _declare_cache(
 
 async def _finish_cache(
     services: Services, declared: tuple[str, PendingLookup | None] | Exception | None,
-) -> tuple[str, CachedResponse | None] | None:
-    """The cache participant's result: (namespace, hit or None), or None."""
+) -> tuple[str, CachedResponse | None, str | None] | None:
+    """The cache participant's result: (namespace, hit or None, the key looked up or
+    None), or None. The key goes to the store: hashing the request once is enough."""
     if isinstance(declared, Exception):
         await trio.lowlevel.checkpoint()
         raise declared
@@ -115,7 +116,8 @@ async def _finish_cache(
         return None
     assert services.cache is not None
     namespace, pending = declared
-    return namespace, await services.cache.finish_lookup(pending)
+    hit = await services.cache.finish_lookup(pending)
+    return namespace, hit, pending.key if pending is not None else None
 
 
 async def admit(services: Services, call: Call) -> Admission:
@@ -146,14 +148,15 @@ async def admit(services: Services, call: Call) -> Admission:
     # scripts, then reads every reply in its own task: no participant needs a task (a
     # spawn, its first schedule, its exit, the nursery's wake-up). The budgets' wait is
     # the round's: everything of the round is declared by then; the replies after it are
-    # already resolved (awaiting them is a cancel point, not a schedule point).
+    # already resolved (awaiting them is a cancel point, not a schedule point). With no
+    # task to own, the scope opens no nursery (tasks=False).
     route: Participant[RoutingState] | None = None
     budget_p: Participant[BudgetOutcome] | None = None
     rates_p: Participant[RateOutcome] | None = None
-    cached: Participant[tuple[str, CachedResponse | None] | None] | None = None
+    cached: Participant[tuple[str, CachedResponse | None, str | None] | None] | None = None
     async with open_batch_scope(
         services.backends, tracer=services.flush_tracer, trace_id=call.trace_id,
-        rounds_before=call.request.waits_before_admission, host=True,
+        rounds_before=call.request.waits_before_admission, host=True, tasks=False,
     ) as scope:
         try:
             pending_route: PendingRead | Exception = services.router.declare_read(
@@ -234,6 +237,7 @@ async def admit(services: Services, call: Call) -> Admission:
         rates=rates,
         cached=lookup[1] if lookup else None,
         cache_namespace=lookup[0] if lookup else None,
+        cache_key=lookup[2] if lookup else None,
         waits_before=waits,
     )
     for check, decision in zip(("auth", "budgets", "rate_limits", "routing"), decisions,
@@ -285,7 +289,7 @@ async def _undo(
     route: Participant[RoutingState],
     budget: Participant[BudgetOutcome] | None,
     rates: Participant[RateOutcome] | None,
-    cached: Participant[tuple[str, CachedResponse | None] | None] | None,
+    cached: Participant[tuple[str, CachedResponse | None, str | None] | None] | None,
     *, identity: Identity | None = None,
 ) -> None:
     """Admission failed part-way: settle, as a rejection, what the others reserved."""

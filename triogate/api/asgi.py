@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 import re
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from triogate._log import request_id_var
 from triogate.api import routes
 from triogate.api.errors import ApiError, render
-from triogate.api.http import ClientGone, Request, Response
+from triogate.api.http import ClientGone, Request, Response, new_request_id
 
 if TYPE_CHECKING:
     from triogate.api.http import Receive, Send
@@ -75,11 +74,12 @@ class GatewayASGI:
             self.in_flight -= 1
 
     async def _serve(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        client_id = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = client_id if _SANE_ID.match(client_id) else uuid.uuid4().hex
+        request = Request(scope, receive, "")
+        client_id = request.headers.get("x-request-id", "")
+        request_id = client_id if _SANE_ID.match(client_id) else new_request_id()
+        request.request_id = request_id
         token = request_id_var.set(request_id)
         try:
-            request = Request(scope, receive, request_id)
             head = request.method == "HEAD"
             # HEAD is GET without the body, wherever GET exists.
             route = routes.find(self.routes, "GET" if head else request.method,

@@ -8,11 +8,11 @@ request's unique id) is decided here the same way for all of them.
 from __future__ import annotations
 
 import functools
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from triogate.api import auth, controls, validate
 from triogate.api.errors import ApiError
+from triogate.api.http import new_request_id
 from triogate.api.records import Call
 from triogate.errors import StoreError
 from triogate.governance.model_access import resolve_alias
@@ -40,7 +40,7 @@ def trace_id_of(request: Request) -> str:
     its spend-log row and its trace share one id. A client's own ``x-request-id`` is
     echoed but never used here: ids settle money exactly once, so they must be unique."""
     if request.trace_id is None:
-        request.trace_id = (uuid.uuid4().hex
+        request.trace_id = (new_request_id()
                             if request.headers.get("x-request-id") == request.request_id
                             else request.request_id)
     return request.trace_id

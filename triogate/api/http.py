@@ -8,6 +8,7 @@ stream's ``finally`` (settlement) runs at once instead of at the next write.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, final
 from urllib.parse import parse_qsl
 
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
     Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
+def new_request_id() -> str:
+    """A fresh request id: 128 random bits as 32 hex digits. What ``uuid4().hex`` gives,
+    less its six fixed bits, in a fifth of its time (it builds a UUID and an int first):
+    every request without an id of its own draws one."""
+    return os.urandom(16).hex()
+
+
 @final
 class Request:
     """An HTTP request as the ASGI server handed it over."""
@@ -36,7 +44,8 @@ class Request:
         self.headers: dict[str, str] = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
         }
-        self.query: dict[str, str] = dict(parse_qsl(scope.get("query_string", b"").decode()))
+        query = scope.get("query_string", b"")
+        self.query: dict[str, str] = dict(parse_qsl(query.decode())) if query else {}
         self.request_id = request_id
         #: The model flow's unique id (``calls.trace_id_of``), once chosen.
         self.trace_id: str | None = None

@@ -83,6 +83,8 @@ class Admission:
     rates: RateOutcome | None = None
     cached: CachedResponse | None = None
     cache_namespace: str | None = None
+    #: The cache key the lookup computed, for the store to reuse (None: not looked up).
+    cache_key: str | None = None
     waits_before: int = 0
     degraded: bool = False
     extra_headers: dict[str, str] = attrs.Factory(dict)

@@ -114,7 +114,7 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
         await trio.lowlevel.checkpoint()
         return
     admitted.settled = True
-    settle_started_s = trio.current_time()
+    settle_started_s = trio.current_time() if services.spans is not None else 0.0
     settings = services.config.settings
     now_ms = services.clock_ms()
     cost = cost_nanousd(outcome)  # once: the batch, the row, the metrics and the log line
@@ -139,7 +139,7 @@ async def settle(services: Services, call: Call, admitted: Admission, *, outcome
                 post, call.api, call.group, call.body,
                 outcome.body or (assemble(call.api, outcome.events) if outcome.events else None),
                 outcome.usage, call.cache, namespace=admitted.cache_namespace or "global",
-                now_ms=now_ms,
+                now_ms=now_ms, key=admitted.cache_key,
             )
     deployment = outcome.deployment
     duration_s = trio.current_time() - call.request.started_at

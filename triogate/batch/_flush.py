@@ -116,7 +116,7 @@ async def _execute(
     sent: Callable[[PipelineSent], None] | None,
     retry: bool,
 ) -> list[object]:
-    started = trio.current_time()
+    started = trio.current_time() if sent is not None else 0.0  # only records use it
     ok = True
     try:
         replies = await backend.execute(wires)

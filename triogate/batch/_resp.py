@@ -213,7 +213,9 @@ class RespBackend:
         packed = b"".join([hiredis.pack_command(c) for c in commands])  # type: ignore[arg-type]
         self._pipelines += 1
         self._commands += len(commands)
-        with trio.move_on_after(self._timeout_s) as timeout:
+        # A scope with its deadline, not move_on_after: that wrapper checks the number
+        # and makes the scope read the clock once more on entry (every pipeline).
+        with trio.CancelScope(deadline=trio.current_time() + self._timeout_s) as timeout:
             try:
                 # A free slot without the scheduler pass ``async with`` would cost: the
                 # round trip below is the checkpoint. Cancellation is checked before the

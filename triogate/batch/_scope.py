@@ -12,7 +12,8 @@ run participants in its own task (``BatchScope.run_inline``), which spares the s
 the scheduling of a task per participant; only its last declaration before a wait may
 wait inline (calls run one after another). A host that is the only live participant
 sends its round from its own task when it waits (no flush task: nobody else could
-declare meanwhile).
+declare meanwhile). A host scope opened with ``tasks=False`` has no nursery at all: every
+participant runs inline and every round leaves from the host (what admission uses).
 
 Participants' exceptions are captured (``Exception`` only; cancellation propagates):
 one subsystem failing does not cancel the others, and ``Participant.result()`` re-raises
@@ -41,6 +42,7 @@ from ._tracer import BEFORE, FlushRecord
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+    from contextlib import AbstractAsyncContextManager
 
     from ._backend import Backend
     from ._command import Arg
@@ -168,7 +170,7 @@ class BatchScope:
 
     #: Where participants declare their commands.
     batch: Batch
-    _nursery: trio.Nursery
+    _nursery: trio.Nursery | None
     _backends: Mapping[str, Backend]
     _tracer: Tracer | None
     _trace_id: str
@@ -189,7 +191,7 @@ class BatchScope:
     @classmethod
     def _create(
         cls,
-        nursery: trio.Nursery,
+        nursery: trio.Nursery | None,
         backends: Mapping[str, Backend],
         tracer: Tracer | None,
         trace_id: str,
@@ -221,7 +223,14 @@ class BatchScope:
 
     @property
     def cancel_scope(self) -> trio.CancelScope:
-        """The scope's cancel scope: cancel it to abandon every participant and flush."""
+        """The scope's cancel scope: cancel it to abandon every participant and flush.
+
+        Raises:
+            RuntimeError: a scope opened with ``tasks=False`` has none of its own (it runs
+                in its host's task: cancel the host's).
+        """
+        if self._nursery is None:
+            raise RuntimeError("a scope opened with tasks=False has no cancel scope")
         return self._nursery.cancel_scope
 
     def start_participant(
@@ -232,9 +241,15 @@ class BatchScope:
         The participant counts as live from this call on, so a round cannot leave before
         it has run and declared. May be called from the scope's body or from inside a
         participant (to start a dependent step). Not a checkpoint.
+
+        Raises:
+            RuntimeError: the scope was opened with ``tasks=False``.
         """
         if self._closed:
             raise BatchClosed("the batch scope is closed")
+        if self._nursery is None:
+            raise RuntimeError("a scope opened with tasks=False runs no participant task; "
+                               "use run_inline")
         label = name or str(getattr(fn, "__qualname__", repr(fn)))
         participant: Participant[T] = Participant._create(label, self)
         self._barrier.started()
@@ -432,6 +447,9 @@ class BatchScope:
             self._flushing = True
             self._rounds += 1
             self._commands += len(handles)
+            # Without tasks (no nursery) the host is the only participant and sends its
+            # rounds itself (_flush_from_host, and on exit): the rule cannot hold here.
+            assert self._nursery is not None
             self._nursery.start_soon(self._flush, handles, self._rounds, name="batch flush")
         elif self._barrier.deadlocked(pending=pending, flushing=self._flushing):
             # Nothing pending or in flight: every blocked participant waits on another.
@@ -477,7 +495,6 @@ class BatchScope:
 
 
 
-@final
 @final
 class _ClosedScope:
     """What a batch declares into once its scope has closed: the backends, to check a
@@ -530,8 +547,7 @@ class Batch:
         return scope._declare(make_command(target, keys, args, backend, owner, scope._backends))
 
 
-@asynccontextmanager
-async def open_batch_scope(
+def open_batch_scope(
     backends: Mapping[str, Backend],
     *,
     tracer: Tracer | None = None,
@@ -539,7 +555,8 @@ async def open_batch_scope(
     phase: str = BEFORE,
     rounds_before: int = 0,
     host: bool = False,
-) -> AsyncIterator[BatchScope]:
+    tasks: bool = True,
+) -> AbstractAsyncContextManager[BatchScope]:
     """Open a batch scope: a nursery whose participants share flushes.
 
     Args:
@@ -553,10 +570,63 @@ async def open_batch_scope(
         host: the body itself is a participant, live until it exits, and may run
             participants in its own task with :meth:`BatchScope.run_inline` (no task
             each). No round leaves while the body runs without waiting on the batch.
+        tasks: False (with ``host=True`` only) opens no nursery: every participant runs
+            inline, the host sends each round from its own task, and
+            :meth:`BatchScope.start_participant` and :attr:`BatchScope.cancel_scope`
+            refuse. What a nursery costs each request (its manager, its cancel scope, the
+            schedule point of its exit) is not paid: admission runs so.
 
     On exit, waits for every participant; commands declared and never awaited still
-    leave in a last round. Entering is not a checkpoint; exiting is.
+    leave in a last round. Entering is not a checkpoint; exiting is (with
+    ``tasks=False``, only when such a last round leaves).
+
+    Raises:
+        ValueError: ``tasks=False`` without ``host=True``.
     """
+    if tasks:
+        return _nursery_scope(backends, tracer, trace_id, phase, rounds_before, host)
+    if not host:
+        raise ValueError("a scope without tasks needs host=True (its body is the participant)")
+    return _InlineScope(backends, tracer, trace_id or f"scope-{next(_trace_ids)}", phase,
+                        rounds_before)
+
+
+@final
+class _InlineScope:
+    """``open_batch_scope(..., host=True, tasks=False)``: a scope whose only task is its
+    host's. A class, not a generator context manager: it is entered once per governed
+    request, and the generator machinery would cost more than the body."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self, backends: Mapping[str, Backend], tracer: Tracer | None, trace_id: str,
+                 phase: str, rounds_before: int) -> None:
+        self._scope = BatchScope._create(None, backends, tracer, trace_id, phase,
+                                         rounds_before)
+
+    async def __aenter__(self) -> BatchScope:
+        scope = self._scope
+        scope._enter_host()
+        return scope
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        scope = self._scope
+        try:
+            scope._leave_host()
+            # Leftovers (declared, never awaited) leave as with a nursery, from this task;
+            # not when the body raised (a nursery would have cancelled their flush).
+            if exc_type is None and scope._pending:
+                await scope._flush_from_host()
+        finally:
+            scope._closed = True
+            scope._release()
+
+
+@asynccontextmanager
+async def _nursery_scope(
+    backends: Mapping[str, Backend], tracer: Tracer | None, trace_id: str | None, phase: str,
+    rounds_before: int, host: bool,
+) -> AsyncIterator[BatchScope]:
     scope: BatchScope | None = None
     try:
         async with trio.open_nursery() as nursery:

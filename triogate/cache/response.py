@@ -403,6 +403,7 @@ class ResponseCache:
         *,
         namespace: str,
         now_ms: int,
+        key: str | None = None,
     ) -> bool:
         """Declare ONE ``SET key value PX ttl`` on the post-call batch. Sync; never blocks.
 
@@ -414,6 +415,8 @@ class ResponseCache:
             usage: what the call used, kept with the answer.
             control: the request's controls (``no_store``, ``ttl_s``).
             now_ms: the wall clock (epoch ms), kept as the entry's creation time.
+            key: the key :meth:`declare_lookup` computed for this same request, if it
+                did: hashing the canonical request is not repeated.
 
         Returns:
             Whether a SET was declared: False when disabled, ``no_store``, no answer,
@@ -422,7 +425,8 @@ class ResponseCache:
         if not self.stores(control) or response_body is None:
             return False
         try:
-            key = cache_key(api, group, body, namespace=namespace)
+            if key is None:
+                key = cache_key(api, group, body, namespace=namespace)
             value = encode_entry(key, api, response_body, usage, now_ms)
         except (TypeError, orjson.JSONEncodeError) as exc:
             logger.warning("answer not cacheable: %s", exc)

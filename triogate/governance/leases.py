@@ -17,7 +17,6 @@ tick: the lease still runs until its expiry, and settlement releases it anyway.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, final
 
@@ -27,7 +26,7 @@ from triogate.batch import BatchError, Script, open_batch_scope
 from triogate.governance.keys import PARALLEL, budget_keys
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Mapping
 
     from triogate.batch import Backend, Batch
     from triogate.governance.budgets import BudgetReservation
@@ -114,15 +113,9 @@ class LeaseKeeper:
         """Requests registered now."""
         return len(self._running)
 
-    @contextmanager
-    def kept(self, request_id: str, leases: Callable[[], Held]) -> Iterator[None]:
-        """Keep ``leases()`` renewed while the block runs."""
-        token = object()
-        self._running[token] = (request_id, leases, trio.current_time())
-        try:
-            yield
-        finally:
-            del self._running[token]
+    def kept(self, request_id: str, leases: Callable[[], Held]) -> _Kept:
+        """Keep ``leases()`` renewed while the ``with`` block runs."""
+        return _Kept(self._running, (request_id, leases, trio.current_time()))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -156,3 +149,22 @@ class LeaseKeeper:
                 for (kind, _), keys in held.items()
             ]
         return sum(p.result() for p in parts)
+
+
+@final
+class _Kept:
+    """:meth:`LeaseKeeper.kept`'s context manager: a class, not a generator one, since
+    every governed request enters it once (the generator costs more than the body)."""
+
+    __slots__ = ("_entry", "_running")
+
+    def __init__(self, running: dict[object, tuple[str, Callable[[], Held], float]],
+                 entry: tuple[str, Callable[[], Held], float]) -> None:
+        self._running = running
+        self._entry = entry
+
+    def __enter__(self) -> None:
+        self._running[self] = self._entry
+
+    def __exit__(self, *exc_info: object) -> None:
+        del self._running[self]

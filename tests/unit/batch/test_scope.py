@@ -481,15 +481,17 @@ async def test_a_host_alone_sends_its_round_from_its_own_task(
     assert "batch flush" in steps
 
 
+@pytest.mark.parametrize("tasks", [True, False])
 async def test_cancelling_a_host_flushing_alone_fails_its_round(
-    autojump_clock: MockClock,
+    autojump_clock: MockClock, tasks: bool,
 ) -> None:
     """The host's own round is cut at its cancellation, as a flush task's would be: no
-    handle dangles, nothing stays live, and the next scope works."""
+    handle dangles, nothing stays live, and the next scope works (with or without a
+    nursery)."""
     backend = FaultyBackend(RecordingBackend({"GET": b"1"}), delay_s=5.0)
     handles = []
     with trio.move_on_after(1.0):
-        async with open_batch_scope({"default": backend}, host=True) as scope:
+        async with open_batch_scope({"default": backend}, host=True, tasks=tasks) as scope:
             handles.append(scope.batch.call("GET", keys=["other"], owner="other"))
             await scope.run_inline(get_and_wait, scope.batch, "host")
     assert trio.current_time() == 1.0
@@ -497,3 +499,55 @@ async def test_cancelling_a_host_flushing_alone_fails_its_round(
     assert handles[0].done
     with pytest.raises(BackendUnavailable):
         handles[0].result()
+
+
+# ---------------------------------------------------------------- tasks=False
+
+
+async def test_a_scope_without_tasks_opens_no_nursery(autojump_clock: MockClock) -> None:
+    """host=True, tasks=False: no nursery, every round from the host's task, the same
+    rounds as with one; leftovers still leave on exit; a task participant is refused."""
+    backend = RecordingBackend({"GET": b"1"})
+    steps: list[str] = []
+    trio.lowlevel.add_instrument(count_steps(steps))
+    nurseries = len(trio.lowlevel.current_task().child_nurseries)
+    async with open_batch_scope({"default": backend}, host=True, tasks=False) as scope:
+        assert len(trio.lowlevel.current_task().child_nurseries) == nurseries
+        routing = scope.batch.call("GET", keys=["routing"], owner="routing")
+        budgets = await scope.run_inline(get_and_wait, scope.batch, "budgets", name="budgets")
+        assert routing.done  # it left in the same round
+        second = await scope.run_inline(get_and_wait, scope.batch, "second", name="second")
+        leftover = scope.batch.call("GET", keys=["left"], owner="left")
+        with pytest.raises(RuntimeError, match="tasks=False"):
+            scope.start_participant(get_and_wait, scope.batch, "task")
+        with pytest.raises(RuntimeError, match="tasks=False"):
+            _ = scope.cancel_scope
+    assert [len(p) for p in backend.pipelines] == [2, 1, 1]
+    assert scope.statistics().rounds == 3
+    assert scope.statistics().live == 0
+    assert (budgets.result(), second.result(), leftover.result()) == (b"1", b"1", b"1")
+    assert "batch flush" not in steps
+    with pytest.raises(BatchClosed):
+        scope.batch.call("GET", keys=["late"], owner="late")
+
+
+async def test_a_scope_without_tasks_needs_a_host() -> None:
+    with pytest.raises(ValueError, match="host=True"):
+        open_batch_scope({"default": RecordingBackend({})}, tasks=False)
+
+
+async def test_a_body_without_tasks_that_raises_sends_no_leftovers(
+    autojump_clock: MockClock,
+) -> None:
+    """As with a nursery (whose cancellation would cut the leftovers' flush): the body's
+    error propagates, nothing leaves, the scope is closed."""
+    backend = RecordingBackend({"GET": b"1"})
+    with pytest.raises(KeyError):
+        async with open_batch_scope({"default": backend}, host=True, tasks=False) as scope:
+            leftover = scope.batch.call("GET", keys=["left"], owner="left")
+            raise KeyError("body")
+    assert backend.pipelines == []
+    assert not leftover.done
+    assert scope.statistics().live == 0
+    with pytest.raises(BatchClosed):
+        scope.batch.call("GET", keys=["late"], owner="late")

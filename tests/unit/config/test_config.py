@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
-from triogate.config import load_config, parse_config
+from triogate.config import Price, load_config, parse_config
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -157,3 +157,35 @@ def test_prices_are_exact_to_the_nano_dollar() -> None:
     assert deployment.price.cost_nanousd(3, 0) == 113
     # 0.1 + 0.2 is 0.30000000000000004 as a float; its shortest repr is kept exactly.
     assert deployment.price.output_usd_per_token == Decimal("0.30000000000000004")
+
+
+def _decimal_cost(price: Price, input_tokens: int, output_tokens: int) -> int:
+    usd = input_tokens * price.input_usd_per_token + output_tokens * price.output_usd_per_token
+    return int((usd * 1_000_000_000).to_integral_value(rounding="ROUND_HALF_UP"))
+
+
+@pytest.mark.parametrize(("inp", "out"), [
+    ("0", "0"), ("0.000001", "0.000002"), ("0.0000000375", "0.30000000000000004"),
+    ("0.0000000005", "0.0000000015"), ("0.00000000049999", "1E-10"), ("2.5E-9", "0"),
+    ("12345.6789", "0.000000000000000001"),
+])
+def test_integer_costs_equal_the_decimal_formula(inp: str, out: str) -> None:
+    """cost_nanousd is integer arithmetic over the prices' common denominator; wherever
+    Decimal's 28 digits are exact it gives the Decimal formula's nano-dollars (half-up
+    included), and beyond them it stays exact."""
+    price = Price(input_usd_per_token=Decimal(inp), output_usd_per_token=Decimal(out))
+    for tokens in [(0, 0), (1, 0), (0, 1), (1, 1), (2, 3), (3, 0), (999, 1), (10**6, 7),
+                   (123_456_789, 987_654_321), (2**53 - 1, 0)]:
+        assert price.cost_nanousd(*tokens) == _decimal_cost(price, *tokens), tokens
+    assert price == Price(input_usd_per_token=Decimal(inp), output_usd_per_token=Decimal(out))
+    huge = 10**40 + 1  # Decimal would round to 28 digits here; integers do not
+    assert Price(input_usd_per_token=Decimal("0.0000000015")).cost_nanousd(huge, 0) == (
+        (15 * huge + 5) // 10)
+
+
+def test_a_non_finite_price_keeps_the_decimal_formula() -> None:
+    """No integer ratio for an infinite price: the Decimal formula, and its errors."""
+    price = Price(input_usd_per_token=Decimal("Infinity"))
+    for tokens in [(1, 0), (0, 5)]:
+        with pytest.raises((InvalidOperation, OverflowError)):
+            price.cost_nanousd(*tokens)
