@@ -341,6 +341,9 @@ class Settler:
         self._draining = 0  # wait_drained callers: no delay while any waits
         self._in_flight = 0
         self._wakeup = trio.Event()
+        #: The settler's idle wait while it has nothing queued (with a delay only): a
+        #: first batch moves its deadline to the end of the delay instead of waking it.
+        self._idle: trio.CancelScope | None = None
         self._drained = trio.Event()
         self._drained.set()
         self._flushes = self._pipelines = self._batches = self._commands = 0
@@ -362,7 +365,14 @@ class Settler:
             self._hurry.set()
         if self._drained.is_set():
             self._drained = trio.Event()
-        self._wakeup.set()
+        idle = self._idle
+        if idle is not None and not self._hurry.is_set():
+            # Woken now, the settler would only start the delay and sleep again: a loop
+            # pass (at one connection, one per request) for nothing. It wakes when the
+            # delay is over instead, and flushes.
+            idle.deadline = min(idle.deadline, self._queued_at + self._delay_s)
+        else:
+            self._wakeup.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Flush queued batches until cancelled; replay the journal while it has entries."""
@@ -390,8 +400,13 @@ class Settler:
                 self._drained.set()
                 timeout = (max(0.0, self._next_replay - trio.current_time())
                            if self._journal_pending() else float("inf"))
-                with trio.move_on_after(timeout):
-                    await self._wakeup.wait()
+                with trio.move_on_after(timeout) as idle:
+                    if self._delay_s:
+                        self._idle = idle
+                    try:
+                        await self._wakeup.wait()
+                    finally:
+                        self._idle = None
                 self._wakeup = trio.Event()
         finally:
             # Cancelled without a drain (a crash path): journal what is still queued
@@ -413,8 +428,9 @@ class Settler:
         due = self._queued_at + self._delay_s
         limit = self._queued_at + self._delay_s * BUSY_MAX_DELAYS
         while True:
-            with trio.move_on_at(due):
-                await self._hurry.wait()
+            if trio.current_time() < due:  # not when woken at the due time (submit_nowait)
+                with trio.move_on_at(due):
+                    await self._hurry.wait()
             if self._hurry.is_set() or self._busy is None or due >= limit:
                 return
             if not self._busy():
@@ -438,6 +454,7 @@ class Settler:
         """Wait until every submitted batch has been sent, journaled or failed."""
         self._draining += 1
         self._hurry.set()  # what is queued leaves now, not after the delay
+        self._wakeup.set()  # the settler may be asleep until the delay is over
         try:
             while self._queue or self._in_flight:
                 await self._drained.wait()

@@ -221,6 +221,40 @@ async def test_a_flush_leaves_after_the_group_commit_delay(autojump_clock: MockC
     assert [len(p) for p in backend.pipelines] == [2]
 
 
+async def test_a_queued_batch_does_not_wake_the_settler_before_its_delay(
+    autojump_clock: MockClock,
+) -> None:
+    """Woken at submission, the settler would only start the delay and sleep again: a
+    loop pass per flush (per request at one connection). It first runs when the delay is
+    over, and flushes then; a drain still wakes it at once."""
+    backend = RecordingBackend()
+    settler = Settler({"default": backend}, delay_s=0.005)
+    steps: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        await trio.sleep(1)
+        task = next(t for t in nursery.child_tasks if "run" in t.name)
+
+        class Steps(trio.abc.Instrument):
+            def before_task_step(self, stepped: trio.lowlevel.Task) -> None:
+                if stepped is task:
+                    steps.append(trio.current_time())
+
+        trio.lowlevel.add_instrument(Steps())
+        with post_call_batch(settler, trace_id="r0") as post:
+            post.call("INCRBY", keys=["k0"], args=[1], owner="budgets")
+        await post.wait_settled()
+        assert steps and min(steps) == pytest.approx(1.005)
+        assert trio.current_time() == pytest.approx(1.005)
+        with post_call_batch(settler, trace_id="r1") as post:
+            post.call("INCRBY", keys=["k1"], args=[1], owner="budgets")
+        await trio.sleep(0.001)
+        await settler.wait_drained()
+        assert trio.current_time() == pytest.approx(1.006)  # not at the end of the delay
+        nursery.cancel_scope.cancel()
+    assert [len(p) for p in backend.pipelines] == [1, 1]
+
+
 async def test_a_hurried_batch_leaves_at_once_with_those_before_it(
     autojump_clock: MockClock,
 ) -> None:
