@@ -289,6 +289,32 @@ async def test_key_and_team_aliases_win_over_wildcards_and_wait_as_any_request(
     assert upstream.requests[-1].json["model"] == "mistral-7b"
 
 
+async def test_a_callers_alias_is_resolved_in_the_requests_own_task(gw: Gateway) -> None:
+    """Finding a caller's alias needs its identity before the body's model is known: that
+    lookup runs in the request's task (as admission's does), with no task and no nursery
+    of its own, whether it waits (a key not in memory) or not."""
+    await _admin(gw, "/team/new", {"team_id": "inline", "model_aliases": {
+        "inline-fast": "gpt-test"}})
+    key = (await _admin(gw, "/key/generate", {"team_id": "inline",
+                                              "models": ["gpt-test"]}))["key"]
+    spawned: list[str] = []
+
+    class Spawns(trio.abc.Instrument):
+        def task_spawned(self, task: trio.lowlevel.Task) -> None:
+            spawned.append(task.name)
+
+    instrument = Spawns()
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        for _ in range(2):  # cold (the lookup waits), then warm
+            raw = await oai(gw, key).chat.completions.with_raw_response.create(
+                model="inline-fast", messages=HI)
+            assert raw.headers["x-litellm-model-group"] == "gpt-test"
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert not [name for name in spawned if name in ("auth", "batch flush")]
+
+
 async def test_an_access_group_admits_its_model_groups(gw: Gateway) -> None:
     key = (await _admin(gw, "/key/generate", {"models": ["beta-models"]}))["key"]
     await oai(gw, key).chat.completions.create(model="gpt-test", messages=HI)

@@ -99,12 +99,14 @@ async def authenticate_only(services: Services, request: Request, *,
     """
     from triogate.batch import open_batch_scope
 
+    # Run in this task (the scope's host, no nursery), as admission runs it: a task
+    # participant would cost a spawn, its first schedule and the nursery's exit.
     async with open_batch_scope(
         services.backends, tracer=services.flush_tracer if trace_id else None,
-        trace_id=trace_id,
+        trace_id=trace_id, host=True, tasks=False,
     ) as scope:
-        who = scope.start_participant(resolve, services, scope.batch, request, None, None,
-                                      name="auth")
+        who = await scope.run_inline(resolve, services, scope.batch, request, None, None,
+                                     name="auth")
     if trace_id:
         request.waits_before_admission += scope.statistics().rounds
     result = who.result()
