@@ -27,6 +27,7 @@ import trio
 from triogate.api import protocol_errors
 from triogate.api.asgi import GatewayASGI
 from triogate.api.gate import AdmissionGate
+from triogate.api.pacing import StreamPacer
 from triogate.api.services import Health, Services
 from triogate.batch import (
     BackendUnavailable,
@@ -239,6 +240,8 @@ async def open_gateway(
         checks = CheckSettings.from_config(settings.policies, settings.governance)
         lease_keeper = LeaseKeeper(backends, checks, clock_ms)
         await nursery.start(lease_keeper.run)
+        pacer = StreamPacer(settings.stream_coalesce_window_s)
+        nursery.start_soon(pacer.run)
         services = Services(
             config=config,
             backends=backends,
@@ -253,6 +256,7 @@ async def open_gateway(
             local=LocalGovernance(),
             leases=lease_keeper,
             gate=gate,
+            pacer=pacer,
             identities=identities,
             store=store,
             spend_logs=spend_logs,
