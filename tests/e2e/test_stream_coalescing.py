@@ -103,6 +103,9 @@ async def test_a_worker_behind_writes_a_window_of_chunks_at_once(
     assert behind[1][0] - behind[0][0] >= WINDOW_S - 0.01
     assert len(behind) <= 4 < len(EVENTS)
     assert pacer.holds > holds
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{gateway.url}/metrics")).text
+    assert f"triogate_stream_holds {float(pacer.holds)}" in metrics
     # Settled alike: same status, tokens, cost, response id.
     new, old = await spend_rows(gateway, 2)
     assert (new.status, new.input_tokens, new.output_tokens, new.cost_nanousd,
