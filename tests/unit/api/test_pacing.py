@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import trio
+import trio.lowlevel
 
 from triogate.api.pacing import TICK_S, StreamPacer
 
@@ -76,4 +77,36 @@ async def test_the_probe_sleeps_while_no_stream_is_open() -> None:
         await _busy(0.1)
         assert pacer.behind
         pacer.closed()
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_late_wake_up_alone_is_not_behind() -> None:
+    pacer = StreamPacer(0.1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pacer.run)
+        pacer.opened()
+        seen = False
+        for _ in range(10):  # one long pass now and then (another process ran): on time after
+            await trio.sleep(4 * TICK_S)
+            end = time.monotonic() + 3 * TICK_S
+            while time.monotonic() < end:
+                pass
+            await trio.lowlevel.checkpoint()
+            seen = seen or pacer.behind
+        assert not seen
+        pacer.closed()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_probe_that_starts_with_streams_open_takes_no_long_pass() -> None:
+    pacer = StreamPacer(0.1)
+    pacer.opened()  # before the probe's first step (trio's clock starts far from 0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pacer.run)
+        longest = 0.0
+        for _ in range(20):
+            before = time.monotonic()
+            await trio.sleep(TICK_S)
+            longest = max(longest, time.monotonic() - before - TICK_S)
+        assert longest < 0.1
         nursery.cancel_scope.cancel()
