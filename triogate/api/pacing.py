@@ -59,7 +59,7 @@ class StreamPacer:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        #: Whether the probe's last wake-up was late (the streams read this).
+        #: Whether the probe's last two wake-ups were late (the streams read this).
         self.behind = False
         self.holds = 0
         self.open = 0
