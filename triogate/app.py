@@ -27,6 +27,7 @@ import trio
 from triogate.api import protocol_errors
 from triogate.api.asgi import GatewayASGI
 from triogate.api.gate import AdmissionGate
+from triogate.api.pacing import StreamPacer
 from triogate.api.services import Health, Services
 from triogate.batch import (
     BackendUnavailable,
@@ -203,11 +204,14 @@ async def open_gateway(
         await nursery.start(spend_logs.run)
 
         router = Router(config, clock_ms=clock_ms)
+        pacer = StreamPacer(settings.stream_coalesce_window_s)
 
         def gauges() -> dict[str, tuple[str, float]]:
             stats = settler.statistics()
             return {
                 "triogate_settler_queue_depth": ("Post-call batches waiting.", stats.queued),
+                "triogate_stream_holds": ("Times a stream waited between writes because the "
+                                          "worker was behind, since start.", pacer.holds),
                 "triogate_settler_flushes": ("Settler flushes so far.", stats.flushes),
                 "triogate_settler_batches": ("Post-call batches settled so far.", stats.batches),
                 "triogate_journal_pending": ("Journal entries awaiting replay.",
@@ -239,6 +243,7 @@ async def open_gateway(
         checks = CheckSettings.from_config(settings.policies, settings.governance)
         lease_keeper = LeaseKeeper(backends, checks, clock_ms)
         await nursery.start(lease_keeper.run)
+        nursery.start_soon(pacer.run)
         services = Services(
             config=config,
             backends=backends,
@@ -253,6 +258,7 @@ async def open_gateway(
             local=LocalGovernance(),
             leases=lease_keeper,
             gate=gate,
+            pacer=pacer,
             identities=identities,
             store=store,
             spend_logs=spend_logs,

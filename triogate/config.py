@@ -296,6 +296,13 @@ class TriogateSettings:
     #: checks are not failed open under a burst. 0: no bound.
     max_admitting: int = attrs.field(default=64, validator=_non_negative)
     max_admission_wait_s: float = attrs.field(default=5.0, validator=_non_negative)
+    #: Longest a stream waits between a client write and its next upstream read while
+    #: the worker is behind (``api/pacing.py``): the next read then carries the chunks
+    #: of the whole window and one write sends them, instead of every stream waking per
+    #: chunk and new requests waiting seconds for their first token. A worker that
+    #: keeps up holds nothing; a stream's first event is never held. 0: never hold.
+    stream_coalesce_window_s: float = attrs.field(
+        default=0.1, validator=[_non_negative, attrs.validators.le(1)])
 
 
 @attrs.frozen(kw_only=True)

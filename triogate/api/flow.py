@@ -11,7 +11,9 @@
 
 A stream is opened (with retries) before the status line goes out, so a failure before
 the first token is a proper error response; after it, an error event ends the stream
-and what was produced is still charged.
+and what was produced is still charged. While the worker is behind, a stream waits a short
+window between a client write and its next upstream read (``api/pacing.py``), so that one
+write carries the window's events; a worker that keeps up forwards each event at once.
 
 **Settlement happens exactly once, on every path.** Whatever ends a request after
 admission (a provider error, a translation error, a bug, a cancellation), :func:`serve`
@@ -209,6 +211,8 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         # Per event: no _forward call, no anext() wrapper (a coroutine layer per wait).
         usage_filtered = call.api == "chat" and not call.include_usage
         receive = opened.events.__anext__
+        pacer = services.pacer
+        pacer.opened()
         try:
             with admission.keep_leases(services, admitted):  # a stream past lease_s
                 stream = opened.stream
@@ -228,6 +232,8 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                         wire = stream.wire
                     if burst:
                         await write(b"".join(burst))
+                        if pacer.behind:  # the next read carries a window's events
+                            await pacer.hold()
                     try:
                         event = await receive()
                     except StopAsyncIteration:
@@ -239,6 +245,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             error = exc
             await write(sse.error(call.api, from_provider(exc)))
         finally:
+            pacer.closed()
             with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await opened.stack.aclose()
             usage = opened.stream.usage

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from triogate.api.gate import AdmissionGate
+from triogate.api.pacing import StreamPacer
 from triogate.routing.models import ModelNames
 
 if TYPE_CHECKING:
@@ -81,4 +82,9 @@ class Services:
     gate: AdmissionGate = attrs.field(default=attrs.Factory(
         lambda self: AdmissionGate(self.config.settings.max_admitting,
                                    self.config.settings.max_admission_wait_s),
+        takes_self=True))
+    #: Holds streams between writes while the worker is behind (``api/pacing.py``);
+    #: its probe runs in the app nursery (without it nothing is ever held).
+    pacer: StreamPacer = attrs.field(default=attrs.Factory(
+        lambda self: StreamPacer(self.config.settings.stream_coalesce_window_s),
         takes_self=True))
