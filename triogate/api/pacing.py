@@ -102,7 +102,9 @@ class StreamPacer:
                     await self._woken.wait()
                     was_late = False
                     self._next_slot = math.floor(trio.current_time() / TICK_S)
-                due = (math.floor(trio.current_time() / TICK_S) + 1) * TICK_S
+                # The next tick strictly after now (a wake-up exactly on a tick may divide
+                # to just below it, and sleeping until now again would spin).
+                due = (math.floor(trio.current_time() / TICK_S + 1e-9) + 1) * TICK_S
                 await trio.sleep_until(due)
                 now = trio.current_time()
                 late = now - due > BEHIND_S
