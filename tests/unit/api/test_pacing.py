@@ -7,12 +7,15 @@ Real clock: the probe measures how late trio wakes it, which a MockClock cannot 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import trio
 import trio.lowlevel
-from trio.testing import MockClock
 
 from triogate.api.pacing import TICK_S, StreamPacer
+
+if TYPE_CHECKING:
+    from trio.testing import MockClock
 
 
 async def _busy(seconds: float) -> None:
