@@ -26,12 +26,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import load as L
 import load_procs as procs
 import yaml
 from ab import wrk_env
+from task_steps import settled
 
 # Runs in the gateway process: trio.run gets the counting instrument, then the CLI runs.
 _LAUNCHER = """
@@ -84,25 +84,6 @@ sys.argv = ["triogate", *sys.argv[1:]]
 from triogate.cli import main
 sys.exit(main())
 """
-
-
-def read(path: Path) -> dict[str, Any]:
-    while True:
-        try:
-            return json.loads(path.read_text())  # type: ignore[no-any-return]
-        except (OSError, ValueError):
-            time.sleep(0.1)
-
-
-def settled(path: Path) -> dict[str, Any]:
-    """The counts once the gateway is idle (two writes in a row alike)."""
-    last = read(path)
-    while True:
-        time.sleep(1.1)
-        now = read(path)
-        if now["steps"] - last["steps"] < 50:
-            return now
-        last = now
 
 
 def strace_point(url: str, key: str, pid: int, c: int, d: int, work: Path) -> str:

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import load as L
 import load_procs as procs
@@ -57,11 +58,16 @@ sys.exit(main())
 """
 
 
-def read(path: Path) -> dict[str, int]:
-    return json.loads(path.read_text())
+def read(path: Path) -> dict[str, Any]:
+    """The counts the gateway last wrote (it replaces the file whole; retried while absent)."""
+    while True:
+        try:
+            return json.loads(path.read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            time.sleep(0.1)
 
 
-def settled(path: Path) -> dict[str, int]:
+def settled(path: Path) -> dict[str, Any]:
     """The counts once the gateway is idle (two writes in a row alike)."""
     last = read(path)
     while True:
