@@ -19,7 +19,6 @@ speed. ``--keep`` leaves the dumps as
 """
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import httpx
 import load as L
 import load_procs as procs
-import yaml
+import tree_gateway
 from ab import wrk_env
 
 
@@ -69,28 +68,17 @@ def main() -> None:
     gws = []
     try:
         for i, tree in enumerate(a.trees):
-            cfg = L.gateway_yaml(work / f"state{i}", upurl)
-            if "base" in tree:
-                cfg["triogate"].pop("max_in_flight", None)
             # ~50x slower under callgrind: the default bounds (0.5 s for Redis, 1 s for the
             # post-call batches) would time out and measure the degraded paths instead.
-            cfg["triogate"].update({"redis": {"timeout_s": 60}, "post_call_deadline_s": 60,
-                                    "max_admission_wait_s": 120})
-            path = work / f"gw{i}.yaml"
-            path.write_text(yaml.safe_dump(cfg))
-            port = procs.free_port()
-            env = {**os.environ, "PYTHONPATH": tree, "PYTHONSAFEPATH": "1",
-                   "TRIOGATE_REDIS_URL": f"redis://127.0.0.1:{rport}",
-                   "TRIOGATE_LOG_LEVEL": "warning"}
-            g = procs.Proc.start(f"gw{i}", [
-                "valgrind", "--tool=callgrind",
-                f"--callgrind-out-file={work}/cg{i}.%p.out",
-                sys.executable, "-m", "triogate", "serve", "--config", str(path),
-                "--port", str(port), "--workers", "1"], logs, env=env)
-            procs.wait_tcp(port, g, timeout_s=600)
-            url = f"http://127.0.0.1:{port}"
-            time.sleep(2)
-            gws.append((g, url, L.provision(url)))
+            g, url, key = tree_gateway.start(
+                i, tree, work=work, logs=logs, upstream_url=upurl, redis_port=rport,
+                settings={"redis": {"timeout_s": 60}, "post_call_deadline_s": 60,
+                          "max_admission_wait_s": 120},
+                command=["valgrind", "--tool=callgrind",
+                         f"--callgrind-out-file={work}/cg{i}.%p.out",
+                         sys.executable, "-m", "triogate"],
+                extra_args=("--workers", "1"), ready_timeout_s=600, settle_s=2)
+            gws.append((g, url, key))
             print(f"tree={i} {tree}", flush=True)
         for _, url, key in gws:
             procs.run_wrk(f"{url}/v1/chat/completions", connections=a.c, duration_s=5,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import load as L
 import load_procs as procs
-import yaml
+import tree_gateway
 from ab import wrk_env
 from task_steps import settled
 
@@ -124,24 +123,12 @@ def main() -> None:
     try:
         for i, spec in enumerate(a.trees):
             tree, _, own = spec.partition("@")
-            cfg = L.gateway_yaml(work / f"state{i}", upurl)
-            if "base" in tree:
-                cfg["triogate"].pop("max_in_flight", None)
-            cfg["triogate"].update(json.loads(own) if own else {})
-            path = work / f"gw{i}.yaml"
-            path.write_text(yaml.safe_dump(cfg))
             out = work / f"counts{i}.json"
-            port = procs.free_port()
-            env = {**os.environ, "PYTHONPATH": tree, "PYTHONSAFEPATH": "1",
-                   "TRIOGATE_REDIS_URL": f"redis://127.0.0.1:{rport}",
-                   "TRIOGATE_LOG_LEVEL": "warning", "LOOP_PASSES_OUT": str(out)}
-            g = procs.Proc.start(f"gw{i}", [sys.executable, "-c", _LAUNCHER, "serve",
-                                            "--config", str(path), "--port", str(port)],
-                                 logs, env=env)
-            url = f"http://127.0.0.1:{port}"
-            procs.wait_tcp(port, g)
-            time.sleep(1)
-            gws.append((spec, g, url, L.provision(url), out))
+            g, url, key = tree_gateway.start(
+                i, tree, work=work, logs=logs, upstream_url=upurl, redis_port=rport,
+                settings=json.loads(own) if own else None, env={"LOOP_PASSES_OUT": str(out)},
+                command=[sys.executable, "-c", _LAUNCHER])
+            gws.append((spec, g, url, key, out))
             print(f"tree={i} {spec}", flush=True)
         for _, _, url, key, _ in gws:
             procs.run_wrk(f"{url}/v1/chat/completions", connections=8, duration_s=2,

@@ -12,7 +12,6 @@ request path's task structure bought even on a noisy host.
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 import load as L
 import load_procs as procs
-import yaml
+import tree_gateway
 from ab import wrk_env
 
 # Runs in the gateway process: trio.run gets the counting instrument, then the CLI runs.
@@ -94,23 +93,11 @@ def main() -> None:
     gws = []
     try:
         for i, tree in enumerate(a.trees):
-            cfg = L.gateway_yaml(work / f"state{i}", upurl)
-            if "base" in tree:
-                cfg["triogate"].pop("max_in_flight", None)
-            path = work / f"gw{i}.yaml"
-            path.write_text(yaml.safe_dump(cfg))
             out = work / f"counts{i}.json"
-            port = procs.free_port()
-            env = {**os.environ, "PYTHONPATH": tree, "PYTHONSAFEPATH": "1",
-                   "TRIOGATE_REDIS_URL": f"redis://127.0.0.1:{rport}",
-                   "TRIOGATE_LOG_LEVEL": "warning", "TASK_STEPS_OUT": str(out)}
-            g = procs.Proc.start(f"gw{i}", [sys.executable, "-c", _LAUNCHER, "serve",
-                                            "--config", str(path), "--port", str(port)],
-                                 logs, env=env)
-            url = f"http://127.0.0.1:{port}"
-            procs.wait_tcp(port, g)
-            time.sleep(1)
-            gws.append((g, url, L.provision(url), out))
+            g, url, key = tree_gateway.start(
+                i, tree, work=work, logs=logs, upstream_url=upurl, redis_port=rport,
+                env={"TASK_STEPS_OUT": str(out)}, command=[sys.executable, "-c", _LAUNCHER])
+            gws.append((g, url, key, out))
             print(f"tree={i} {tree}", flush=True)
         for _, url, key, _ in gws:
             procs.run_wrk(f"{url}/v1/chat/completions", connections=32, duration_s=2,
