@@ -62,6 +62,15 @@ async def _busy_loop(gateway: Gateway) -> None:
         gateway.services.pacer.closed()
 
 
+async def _busy(nursery: trio.Nursery, gateway: Gateway) -> None:
+    """Start the busy loop and return once the pacer has seen it (two late probe
+    wake-ups): a stream started earlier would forward its first events unheld."""
+    nursery.start_soon(_busy_loop, gateway)
+    with trio.fail_after(5):
+        while not gateway.services.pacer.behind:
+            await trio.sleep(0.005)
+
+
 async def _busy_steps() -> None:
     while True:
         end = time.monotonic() + 0.02
@@ -92,7 +101,7 @@ async def test_a_worker_behind_writes_a_window_of_chunks_at_once(
     pacer = gateway.services.pacer
     calm = await _parts(gateway)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_busy_loop, gateway)
+        await _busy(nursery, gateway)
         holds = pacer.holds
         behind = await _parts(gateway)
         nursery.cancel_scope.cancel()
@@ -121,7 +130,7 @@ async def test_a_client_that_leaves_while_its_stream_is_held_is_settled_at_once(
     scripted.gap_s = GAP_S
     scripted.hang = True  # no end: the stream ends when the client leaves
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_busy_loop, gateway)
+        await _busy(nursery, gateway)
         # the second write comes after a hold; the client leaves during the next one
         seen = b""
         with trio.fail_after(20):
