@@ -181,10 +181,13 @@ async def rate_counts(redis: RespBackend) -> dict[str, int]:
     for window, reply in zip(windows, replies, strict=True):
         if isinstance(reply, int):
             counts[window] = reply
-        else:  # bucket, count, ... and the "~" padding field (skipped)
+        else:  # bucket (an epoch second), count, ...; `t` their sum, `o` the low-water
+            # second (moves on with the clock at every admission), `~` padding
             assert isinstance(reply, list)
-            counts[window] = sum(int(v) for f, v in zip(reply[::2], reply[1::2], strict=True)
-                                 if f != b"~")
+            fields = dict(zip(reply[::2], reply[1::2], strict=True))
+            buckets = sum(int(v) for f, v in fields.items() if f.isdigit())
+            assert int(fields.get(b"t", buckets)) == buckets, fields  # the running total
+            counts[window] = buckets
     return counts
 
 
@@ -200,6 +203,7 @@ async def test_a_failing_budget_check_leaves_no_count_of_the_rate_limits(
         await gateway.services.settler.wait_drained()
     before = await rate_counts(redis)
     assert any(before.values())  # the warm-up request was counted
+    await trio.sleep(1.1)
 
     await _fail_in_admission(gateway, key, monkeypatch, "budgets")
     assert await rate_counts(redis) == before
