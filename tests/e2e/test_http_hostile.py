@@ -46,11 +46,11 @@ async def test_a_java_clients_h2c_offer_and_a_path_that_is_not_utf_8(
             b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
             b"http2-settings: AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA\r\n"
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY) + BODY
-            + b"GET /health/liveliness HTTP/1.1\r\nconnection: close\r\n\r\n"))
+            + b"GET /health/liveliness HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"))
         first, second = answer.split(b"HTTP/1.1 200 OK\r\n")[1:]
         assert orjson.loads(first.partition(b"\r\n\r\n")[2])["object"] == "chat.completion"
         assert second.endswith(b'{"status":"alive"}')
-        answer = await exchange(gateway, b"GET /v1/%ff%fe/models HTTP/1.1\r\n" + auth +
+        answer = await exchange(gateway, b"GET /v1/%ff%fe/models HTTP/1.1\r\nhost: t\r\n" + auth +
                                 b"connection: close\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 404 ")
     assert "Running on" in caplog.text  # the gateway's log lines are seen here

@@ -131,26 +131,47 @@ async def test_malformed_requests_are_400_and_oversized_heads_431(
 ) -> None:
     _, port = gateway
     with trio.fail_after(20):
-        for bad in (b"NOT HTTP\r\n\r\n", b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+        for bad in (b"NOT HTTP\r\n\r\n", b"GET / HTTP/1.1\r\nhost: t\r\nbad header\r\n\r\n",
                     b"GET / HTTP/9.9\r\n\r\n",
-                    b"POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabc"):
+                    b"POST / HTTP/1.1\r\n"
+                    b"host: t\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabc"):
             assert_error(await exchange(port, bad), 400)
         big = b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 70_000 + b"\r\n\r\n"
         assert_error(await exchange(port, big), 431)
         # A head over the limit that arrives whole in one read, and one that never ends.
-        assert_error(await exchange(port, b"GET / HTTP/1.1\r\nx: " + b"a" * 20_000
+        assert_error(await exchange(port, b"GET / HTTP/1.1\r\nhost: t\r\nx: " + b"a" * 20_000
                                     + b"\r\n\r\n"), 431)
-        assert_error(await exchange(port, b"GET / HTTP/1.1\r\nx: " + b"a" * 20_000), 431)
+        assert_error(await exchange(port, b"GET / HTTP/1.1\r\nhost: t\r\nx: " + b"a" * 20_000), 431)
         # The connection was closed after each: the next request is a new one, served.
-        assert (await exchange(port, b"GET /ok HTTP/1.1\r\nconnection: close\r\n\r\n")
+        assert (await exchange(port, b"GET /ok HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
                 ).endswith(b"GET /ok  ")
+
+
+async def test_a_request_without_one_host_is_400_and_never_runs(
+    gateway: tuple[App, int],
+) -> None:
+    # RFC 9112 3.2: an HTTP/1.1 request must carry exactly one Host; two could name one
+    # host to a front proxy and another to us. HTTP/1.0 needs none.
+    application, port = gateway
+    with trio.fail_after(20):
+        for bad in (b"GET /ok HTTP/1.1\r\n\r\n",
+                    b"GET /ok HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
+                    b"GET /ok HTTP/1.0\r\nhost: a\r\nHost: a\r\n\r\n",
+                    # the second of two pipelined requests: the first is still answered
+                    b"GET /ok HTTP/1.1\r\nhost: a\r\n\r\nGET /ok HTTP/1.1\r\n\r\n"):
+            answer = await exchange(port, bad)
+            assert_error(answer[answer.rfind(b"HTTP/1.1 "):], 400)
+            assert answer.count(b"GET /ok") == bad.count(b"host: a\r\n\r\n")
+        answer = await exchange(port, b"GET /ok HTTP/1.0\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"GET /ok  ")
+    assert len(application.events) == 2  # the app ran for the two served requests only
 
 
 async def test_a_request_that_stops_arriving_is_408(gateway: tuple[App, int]) -> None:
     application, port = gateway
     with trio.fail_after(20):
-        for partial_request in (b"POST / HTTP/1.1\r\ncontent-length: 10\r\n\r\nabc",
-                                b"POST / HTTP/1.1\r\ncontent-le"):
+        for partial_request in (b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\nabc",
+                                b"POST / HTTP/1.1\r\nhost: t\r\ncontent-le"):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(partial_request)
             started = trio.current_time()
@@ -166,23 +187,24 @@ async def test_a_request_that_stops_arriving_is_408(gateway: tuple[App, int]) ->
 async def test_head_http_1_0_and_connection_close(gateway: tuple[App, int]) -> None:
     _, port = gateway
     with trio.fail_after(20):
-        head = await exchange(port, b"HEAD /h HTTP/1.1\r\nconnection: close\r\n\r\n")
+        head = await exchange(port, b"HEAD /h HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
         assert b"content-length: 9\r\n" in head  # as declared; no body bytes follow
         old = await exchange(port, b"GET /old?x=1 HTTP/1.0\r\n\r\n")  # closed after it
         assert old.startswith(b"HTTP/1.1 200") and old.endswith(b"GET /old x=1 ")
         assert b"connection: close" in old
-        closing = await exchange(port, b"GET /close HTTP/1.1\r\n\r\n")  # the app closes
+        closing = await exchange(port, b"GET /close HTTP/1.1\r\nhost: t\r\n\r\n")  # the app closes
         assert closing.endswith(b"GET /close  ") and b"connection: close" in closing
         assert closing.count(b"HTTP/1.1") == 1
 
 
 async def test_pipelined_requests_are_answered_in_order(gateway: tuple[App, int]) -> None:
     _, port = gateway
-    requests = (b"GET /1 HTTP/1.1\r\n\r\n"
-                b"POST /2 HTTP/1.1\r\ncontent-length: 5\r\n\r\nhello"
-                b"POST /3 HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
-                b"GET /4 HTTP/1.1\r\nconnection: close\r\n\r\n")
+    requests = (b"GET /1 HTTP/1.1\r\nhost: t\r\n\r\n"
+                b"POST /2 HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n\r\nhello"
+                b"POST /3 HTTP/1.1\r\n"
+                b"host: t\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+                b"GET /4 HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
     with trio.fail_after(20):
         answer = await exchange(port, requests)
     bodies = [part.split(b"\r\n\r\n", 1)[1] for part in answer.split(b"HTTP/1.1 200 OK\r\n")[1:]]
@@ -194,7 +216,7 @@ async def test_expect_continue_and_a_body_in_many_reads(gateway: tuple[App, int]
     with trio.fail_after(20):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         body = b"x" * 300_000
-        await stream.send_all(b"POST /big HTTP/1.1\r\nexpect: 100-continue\r\n"
+        await stream.send_all(b"POST /big HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\n"
                               b"content-length: %d\r\n\r\n" % len(body))
         assert await stream.receive_some(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
         for i in range(0, len(body), 7000):
@@ -212,7 +234,7 @@ async def test_a_client_gone_mid_stream_is_a_disconnect_for_the_app(
     application, port = gateway
     with trio.fail_after(20):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(b"GET /stream HTTP/1.1\r\n\r\n")
+        await stream.send_all(b"GET /stream HTTP/1.1\r\nhost: t\r\n\r\n")
         seen = b""
         while seen.count(b"tick") < 3:
             seen += await stream.receive_some(65536)
@@ -225,7 +247,8 @@ async def test_a_client_gone_mid_stream_is_a_disconnect_for_the_app(
 async def test_receive_after_the_response_is_a_disconnect(gateway: tuple[App, int]) -> None:
     application, port = gateway
     with trio.fail_after(20):
-        await exchange(port, b"POST /x HTTP/1.1\r\ncontent-length: 2\r\n\r\nhi", eof=True)
+        await exchange(port, b"POST /x HTTP/1.1\r\n"
+                             b"host: t\r\ncontent-length: 2\r\n\r\nhi", eof=True)
     assert application.events == ["http.disconnect"]
 
 
@@ -233,7 +256,7 @@ async def test_a_failing_app_is_a_500_without_its_traceback(gateway: tuple[App, 
     _, port = gateway
     with trio.fail_after(20):
         for path in (b"/boom", b"/inject"):  # raised, or a header that splits the response
-            answer = await exchange(port, b"GET %b HTTP/1.1\r\n\r\n" % path)
+            answer = await exchange(port, b"GET %b HTTP/1.1\r\nhost: t\r\n\r\n" % path)
             assert answer.startswith(b"HTTP/1.1 500")
             assert b"secret" not in answer and b"Traceback" not in answer
             assert b"set-cookie" not in answer
@@ -243,10 +266,10 @@ async def test_a_failing_app_is_a_500_without_its_traceback(gateway: tuple[App, 
 async def test_targets_bodiless_answers_and_an_http_1_0_stream(gateway: tuple[App, int]) -> None:
     application, port = gateway
     with trio.fail_after(20):
-        answer = await exchange(port, b"GET http://gw.example/abs?q=1 HTTP/1.1\r\n\r\n"
-                                      b"GET /a%20b HTTP/1.1\r\n\r\n"
-                                      b"GET /nocontent HTTP/1.1\r\n\r\n"
-                                      b"GET /last HTTP/1.1\r\nconnection: close\r\n\r\n")
+        answer = await exchange(port, b"GET http://gw.example/abs?q=1 HTTP/1.1\r\nhost: t\r\n\r\n"
+                                      b"GET /a%20b HTTP/1.1\r\nhost: t\r\n\r\n"
+                                      b"GET /nocontent HTTP/1.1\r\nhost: t\r\n\r\n"
+                                      b"GET /last HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
         first, second, third, last = answer.split(b"HTTP/1.1 ")[1:]
         assert first.endswith(b"GET /abs q=1 ") and second.endswith(b"GET /a b  ")
         assert third.startswith(b"204 No Content\r\n") and third.endswith(b"\r\n\r\n")
@@ -274,7 +297,7 @@ async def test_a_client_that_stops_reading_is_gone_after_the_write_timeout(
         sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
         await sock.connect(("127.0.0.1", port))
         stream = trio.SocketStream(sock)
-        await stream.send_all(b"GET /flood HTTP/1.1\r\n\r\n")
+        await stream.send_all(b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n")
         # Never read: once the socket is full, a write waits 0.5 s, then the server
         # treats the client as gone and the app's receive() says so.
         await application.disconnected.wait()
@@ -288,7 +311,7 @@ async def test_read_ahead_is_bounded_and_a_client_gone_is_still_noticed(
     application, port = gateway
     with trio.fail_after(20):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(b"GET /stream HTTP/1.1\r\n\r\n")
+        await stream.send_all(b"GET /stream HTTP/1.1\r\nhost: t\r\n\r\n")
         seen = b""
         while b"tick" not in seen:
             seen += await stream.receive_some(65536)
@@ -296,7 +319,7 @@ async def test_read_ahead_is_bounded_and_a_client_gone_is_still_noticed(
         # most 64 KiB of them, then stops reading until the response ends, so the
         # client's sending stalls once the kernel's buffers are full (backpressure).
         with trio.move_on_after(1) as stalled:
-            await stream.send_all(b"GET /next HTTP/1.1\r\n\r\n" * 100_000)
+            await stream.send_all(b"GET /next HTTP/1.1\r\nhost: t\r\n\r\n" * 100_000)
         assert stalled.cancelled_caught
         await stream.aclose()  # gone: its writes fail, and the app hears of it
         await application.disconnected.wait()
@@ -311,7 +334,7 @@ async def test_a_head_trickled_a_byte_at_a_time_is_408_at_the_bound(
     _, port = gateway
     with trio.fail_after(20):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        request = b"GET / HTTP/1.1\r\nx-slow: " + b"a" * 40 + b"\r\n\r\n"
+        request = b"GET / HTTP/1.1\r\nhost: t\r\nx-slow: " + b"a" * 40 + b"\r\n\r\n"
         started = trio.current_time()
         answer = b""
         async with trio.open_nursery() as nursery:
@@ -335,19 +358,20 @@ async def test_upgrade_offers_are_served_as_plain_http_and_connect_is_400(
     _, port = gateway
     h2c = (b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
            b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
-    close = b"GET /next HTTP/1.1\r\nconnection: close\r\n\r\n"
+    close = b"GET /next HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
     with trio.fail_after(20):
         # An upgrade offer is ignored (RFC 9110 7.8): the request is served with its body
         # (llhttp stops at an upgrade request's head), and the connection goes on.
         for framing, body in ((b"content-length: 3", b"abc"),
                               (b"transfer-encoding: chunked", b"3\r\nabc\r\n0\r\n\r\n")):
-            answer = await exchange(port, b"POST /h2c HTTP/1.1\r\n%b%b\r\n\r\n%b%b"
+            answer = await exchange(port, b"POST /h2c HTTP/1.1\r\nhost: t\r\n%b%b\r\n\r\n%b%b"
                                           % (h2c, framing, body, close))
             first, second = answer.split(b"HTTP/1.1 200 OK\r\n")[1:]
             assert first.endswith(b"POST /h2c  abc") and second.endswith(b"GET /next  ")
         # The body in a later read than the head.
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(b"POST /late HTTP/1.1\r\n%bcontent-length: 3\r\n\r\n" % h2c)
+        await stream.send_all(b"POST /late HTTP/1.1\r\n"
+                              b"host: t\r\n%bcontent-length: 3\r\n\r\n" % h2c)
         await trio.sleep(0.05)
         await stream.send_all(b"xyz" + close)
         answer = b""
@@ -355,13 +379,13 @@ async def test_upgrade_offers_are_served_as_plain_http_and_connect_is_400(
             answer += chunk
         await stream.aclose()
         assert b"POST /late  xyz" in answer and answer.endswith(b"GET /next  ")
-        answer = await exchange(port, b"GET /ws HTTP/1.1\r\nconnection: upgrade\r\n"
+        answer = await exchange(port, b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: upgrade\r\n"
                                       b"upgrade: websocket\r\n\r\n" + close)
         assert answer.count(b"HTTP/1.1 200 ") == 2 and answer.endswith(b"GET /next  ")
         # A tunnel, and an absolute-form target that is no URL: 400 (not the app's 500,
         # nothing logged as the app's error), and nothing after them is read.
         for bad in (b"CONNECT evil:443 HTTP/1.1\r\nhost: evil:443\r\n\r\n" + close,
-                    b"GET http:// HTTP/1.1\r\n\r\n" + close):
+                    b"GET http:// HTTP/1.1\r\nhost: t\r\n\r\n" + close):
             answer = await exchange(port, bad)
             assert_error(answer, 400)
             assert answer.count(b"HTTP/1.1 ") == 1
@@ -374,14 +398,17 @@ async def test_a_transfer_coding_other_than_chunked_is_501(gateway: tuple[App, i
     application, port = gateway
     with trio.fail_after(20):
         for coding in (b"gzip, chunked", b"gzip\r\ntransfer-encoding: chunked"):
-            answer = await exchange(port, b"POST /x HTTP/1.1\r\ntransfer-encoding: %b\r\n\r\n"
-                                          b"3\r\nabc\r\n0\r\n\r\nGET /y HTTP/1.1\r\n\r\n" % coding)
+            answer = await exchange(port, b"POST /x HTTP/1.1\r\n"
+                                          b"host: t\r\ntransfer-encoding: %b\r\n\r\n"
+                                          b"3\r\nabc\r\n0\r\n\r\nGET /y HTTP/1.1\r\n"
+                                          b"host: t\r\n\r\n" % coding)
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 501 ") and b"connection: close" in head
             assert answer.count(b"HTTP/1.1 ") == 1
             assert orjson.loads(body)["error"]["message"].startswith("transfer coding")
         # Chunked in any case is what it says.
-        answer = await exchange(port, b"POST /x HTTP/1.1\r\ntransfer-encoding: Chunked\r\n"
+        answer = await exchange(port, b"POST /x HTTP/1.1\r\n"
+                                      b"host: t\r\ntransfer-encoding: Chunked\r\n"
                                       b"connection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
         assert answer.endswith(b"POST /x  abc")
     assert application.events == ["http.disconnect"]
@@ -394,7 +421,8 @@ async def test_a_path_escaping_bytes_that_are_not_utf_8_is_served(
     # encode: it was a surrogate escape, and the gateway's 500 on any path.
     _, port = gateway
     with trio.fail_after(20):
-        answer = await exchange(port, b"GET /v1/%ff%20x HTTP/1.1\r\nconnection: close\r\n\r\n")
+        answer = await exchange(port, b"GET /v1/%ff%20x HTTP/1.1\r\n"
+                                      b"host: t\r\nconnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.endswith("GET /v1/\ufffd x  ".encode())
 
@@ -405,7 +433,8 @@ async def test_an_answer_before_the_body_is_in_says_the_connection_closes(
     application, port = gateway
     with trio.fail_after(20):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(b"POST /early HTTP/1.1\r\ncontent-length: 100000\r\n\r\nabc")
+        await stream.send_all(b"POST /early HTTP/1.1\r\n"
+                              b"host: t\r\ncontent-length: 100000\r\n\r\nabc")
         answer = b""
         while chunk := await stream.receive_some(65536):
             answer += chunk
@@ -424,7 +453,7 @@ async def _pipeline(port: int, requests: bytes) -> bytes:
     chunks = []
     async with stream, trio.open_nursery() as nursery:
         nursery.start_soon(stream.send_all,
-                           requests + b"GET /end HTTP/1.1\r\nconnection: close\r\n\r\n")
+                           requests + b"GET /end HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
         while chunk := await stream.receive_some(1 << 20):
             chunks.append(chunk)
     received = b"".join(chunks)
@@ -438,7 +467,7 @@ async def test_pipelined_requests_split_across_reads_are_not_a_431(
     # 64 KiB reads of small pipelined requests end inside a head: only that head's bytes
     # count toward its 16 KiB, not the whole read.
     _, port = gateway
-    request = b"GET /p HTTP/1.1\r\nx-pad: %b\r\ncontent-length: 0\r\n\r\n" % (b"p" * 100)
+    request = b"GET /p HTTP/1.1\r\nhost: t\r\nx-pad: %b\r\ncontent-length: 0\r\n\r\n" % (b"p" * 100)
     with trio.fail_after(20):
         answer = await _pipeline(port, request * 3000)
     assert answer.count(b"HTTP/1.1 200 ") == 3001 and b" 431 " not in answer
@@ -461,7 +490,7 @@ async def test_requests_read_ahead_stay_bounded_over_many_streamed_answers(
 
     monkeypatch.setattr(Connection, "on_message_begin", counted)
     _, port = gateway
-    request = b"GET /ticks HTTP/1.1\r\n\r\n"
+    request = b"GET /ticks HTTP/1.1\r\nhost: t\r\n\r\n"
     with trio.fail_after(30):
         answer = await _pipeline(port, request * 20_000)
     assert answer.count(b"HTTP/1.1 200 ") == 20_001
@@ -477,8 +506,9 @@ async def test_a_bad_body_the_app_never_read_gets_no_second_answer(
     # answer to the next request the client pipelined).
     _, port = gateway
     with trio.fail_after(20):
-        answer = await exchange(port, b"POST /early HTTP/1.1\r\ntransfer-encoding: chunked"
-                                      b"\r\n\r\nzz\r\nabc\r\nGET /next HTTP/1.1\r\n\r\n")
+        answer = await exchange(port, b"POST /early HTTP/1.1\r\n"
+                                      b"host: t\r\ntransfer-encoding: chunked"
+                                      b"\r\n\r\nzz\r\nabc\r\nGET /next HTTP/1.1\r\nhost: t\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b"no")
     assert answer.count(b"HTTP/1.1 ") == 1
 
@@ -489,11 +519,13 @@ async def test_trailers_are_dropped_and_bounded(gateway: tuple[App, int]) -> Non
     # by hundreds of MB a second.
     application, port = gateway
     with trio.fail_after(20):
-        answer = await exchange(port, b"POST /names HTTP/1.1\r\ntransfer-encoding: chunked\r\n"
+        answer = await exchange(port, b"POST /names HTTP/1.1\r\n"
+                                      b"host: t\r\ntransfer-encoding: chunked\r\n"
                                       b"connection: close\r\n\r\n3\r\nabc\r\n0\r\n"
                                       b"authorization: Bearer smuggled\r\n\r\n")
-        assert answer.endswith(b"\r\n\r\ntransfer-encoding,connection")
-        answer = await exchange(port, b"POST /names HTTP/1.1\r\ntransfer-encoding: chunked\r\n"
+        assert answer.endswith(b"\r\n\r\nhost,transfer-encoding,connection")
+        answer = await exchange(port, b"POST /names HTTP/1.1\r\n"
+                                      b"host: t\r\ntransfer-encoding: chunked\r\n"
                                       b"\r\n3\r\nabc\r\n0\r\n" + b"x-t: 1\r\n" * 3000)
         assert_error(answer, 431)
     assert application.events == ["http.disconnect"]  # the refused one never ran
@@ -504,7 +536,8 @@ async def test_what_follows_a_request_that_closes_is_ignored(gateway: tuple[App,
     # with a stray 400, which the client would take for its next request's answer.
     _, port = gateway
     with trio.fail_after(20):
-        for request in (b"GET /c HTTP/1.1\r\nconnection: close\r\n\r\nGET /y HTTP/1.1\r\n\r\n",
+        for request in (b"GET /c HTTP/1.1\r\n"
+                        b"host: t\r\nconnection: close\r\n\r\nGET /y HTTP/1.1\r\nhost: t\r\n\r\n",
                         b"POST /c HTTP/1.0\r\ncontent-length: 2\r\n\r\nhiGARBAGE\r\n\r\n"):
             answer = await exchange(port, request)
             assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200 ")

@@ -61,14 +61,16 @@ _LINGER_BYTES: Final = 1 << 20
 class _Message:
     """One request as the parser delivers it."""
 
-    __slots__ = ("body", "complete", "head_done", "head_size", "headers", "keep_alive",
-                 "method", "target", "version")
+    __slots__ = ("body", "complete", "head_done", "head_size", "headers", "hosts",
+                 "keep_alive", "method", "target", "version")
 
     def __init__(self) -> None:
         self.target = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_size = 0
         self.head_done = False
+        #: ``host`` header lines seen.
+        self.hosts = 0
         self.method = ""
         self.version = "1.1"
         self.keep_alive = True
@@ -166,7 +168,9 @@ class Connection:
             return
         name = name.lower()
         message.headers.append((name, value))
-        if name == b"transfer-encoding" and value.lower() != b"chunked":
+        if name == b"host":
+            message.hosts += 1
+        elif name == b"transfer-encoding" and value.lower() != b"chunked":
             # llhttp takes ``gzip, chunked`` as chunked and would hand the app a body
             # still gzip-coded; a front proxy may frame it otherwise (smuggling). RFC
             # 9112 6.1: a coding the server does not understand is 501.
@@ -182,6 +186,10 @@ class Connection:
         message.keep_alive = parser.should_keep_alive() and message.version == "1.1"
         if message.head_size > self.config.max_head_bytes:
             self._refuse(message, 431)
+        elif message.hosts > 1 or (message.hosts == 0 and message.version == "1.1"):
+            # RFC 9112 3.2: an HTTP/1.1 request without ``host``, or any with two, is 400
+            # (two could name different hosts to a front proxy and to us).
+            self._refuse(message, 400)
 
     def _refuse(self, message: _Message, status: int) -> None:
         """``message`` is not served: ``status`` is answered in its turn, then the close."""
