@@ -26,10 +26,13 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
+from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY, gateway_config, running_gateway
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from tests.e2e.conftest import Gateway
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = pytest.mark.e2e
 
@@ -294,6 +297,18 @@ def flow(page: Any, base: str, seen: dict[str, Any]) -> None:
     assert page.locator("a:has-text('Keys')").count() == 0
     page.goto(f"{base}/ui/keys")
     assert "does not allow" in page.inner_text("main")
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path, redis: object, redis_url: str,
+                  upstream: FakeUpstream) -> AsyncIterator[Gateway]:
+    """The default gateway, bounded by the browser flow's own 240 s rather than the
+    default fixture's 60 s, which a loaded host's browser flow outlasted (the gateway was
+    cancelled under it: connection refused)."""
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url)
+    with trio.fail_after(300):
+        async with running_gateway(config) as gw:
+            yield gw
 
 
 async def test_dashboard_flow_in_a_real_browser(gateway: Gateway) -> None:
