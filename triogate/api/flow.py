@@ -125,10 +125,14 @@ async def _from_cache(services: Services, call: Call, admitted: Admission) -> Re
     """Answer from the cache: counts for RPM, costs nothing, gives its reservations back."""
     cached = admitted.cached
     assert cached is not None
-    await settlement.settle(services, call, admitted, outcome=settlement.cache_hit(cached.usage))
+    outcome = settlement.cache_hit(cached.usage)
+    if not call.stream:  # written first, then settled (SettledAfter)
+        response = SettledAfter(orjson.dumps(cached.body), response_headers(
+            services, call, admitted), services, call, admitted, outcome)
+        admitted.handed_off = True
+        return response
+    await settlement.settle(services, call, admitted, outcome=outcome)
     headers = response_headers(services, call, admitted)
-    if not call.stream:
-        return Response.json(cached.body, headers=headers)
     events = replay(call.api, cached.body)
 
     async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
