@@ -88,7 +88,9 @@ class _Connection:
         ``send_all`` for what the kernel did not take) and replies are read after
         ``wait_readable``: trio's socket methods wrap each call in an async context
         manager and a scheduler pass even when it succeeds at once, and a pipeline's
-        reply is never there before it is sent, so the read waits anyway.
+        reply is never there before it is sent, so the read waits anyway. For the same
+        reason the first read waits before it reads: a ``read`` right after the write
+        met ``EAGAIN`` every time (a system call and an exception per pipeline).
         """
         self.received = False
         fd = self.fd
@@ -111,11 +113,13 @@ class _Connection:
                     data = bytes(await self.stream.receive_some(_RECEIVE_BYTES))
                     waited = True
                 else:
+                    if not waited:
+                        await trio.lowlevel.wait_readable(fd)
+                        waited = True
                     try:
                         data = os.read(fd, _RECEIVE_BYTES)
                     except BlockingIOError:
                         await trio.lowlevel.wait_readable(fd)
-                        waited = True
                         continue
                 if not data:
                     raise trio.BrokenResourceError("server closed the connection")
