@@ -1,0 +1,126 @@
+"""The Redis client's pipeline bound under the run's watchdog (``batch/_watchdog.py``):
+a pipeline on a pooled connection fails at exactly ``command_timeout_s`` after its
+``execute`` began, as with the deadline scope it replaces, and its connection is never
+reused; one that waits for a pool slot is bounded alike (by a scope); a connection that
+idled for long is not timed out early. A scripted RESP server on a unix socket, on trio's
+MockClock."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import hiredis
+import pytest
+import trio
+
+from triogate.batch import BackendUnavailable, RespBackend
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from trio.testing import MockClock
+
+pytestmark = pytest.mark.integration
+
+
+class ScriptedServer:
+    """Answers ``+OK`` to every command after ``delay_s``, or never while ``silent``."""
+
+    def __init__(self) -> None:
+        self.silent = False
+        self.delay_s = 0.0
+        self.connections = 0
+
+    async def serve(self, listener: trio.SocketListener) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                stream = await listener.accept()
+                self.connections += 1
+                nursery.start_soon(self._one, stream)
+
+    async def _one(self, stream: trio.SocketStream) -> None:
+        reader = hiredis.Reader()
+        async with stream:
+            while data := await stream.receive_some(65536):
+                reader.feed(data)
+                count = 0
+                while reader.gets() is not False:
+                    count += 1
+                if self.silent:
+                    continue
+                await trio.sleep(self.delay_s)
+                await stream.send_all(b"+OK\r\n" * count)
+
+
+async def start(nursery: trio.Nursery, tmp_path: Path) -> tuple[ScriptedServer, str]:
+    path = str(tmp_path / "resp.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await sock.bind(path)
+    sock.listen()
+    server = ScriptedServer()
+    nursery.start_soon(server.serve, trio.SocketListener(sock))
+    return server, f"unix://{path}"
+
+
+async def test_a_pooled_pipeline_fails_at_exactly_the_timeout(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        server, url = await start(nursery, tmp_path)
+        backend = RespBackend(url, pool_size=4, command_timeout_s=2.0)
+        assert await backend.execute([("PING",)]) == [b"OK"]  # a pooled connection
+        await trio.sleep(7.3)  # idle through several of the watchdog's looks: no harm
+        assert await backend.execute([("PING",)]) == [b"OK"]
+        server.silent = True
+        started = trio.current_time()
+        with trio.fail_after(10), pytest.raises(BackendUnavailable, match=r"within 2\.0 s"):
+            await backend.execute([("GET", "a"), ("GET", "b")])
+        assert trio.current_time() - started == pytest.approx(2.0)
+        stats = backend.statistics()
+        assert (stats.failures, stats.connections_open, stats.stale_retries) == (1, 0, 0)
+        server.silent = False  # a new connection serves the next pipeline
+        assert await backend.execute([("PING",)]) == [b"OK"]
+        assert server.connections == 2
+        await backend.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pipeline_waiting_for_a_slot_is_bounded_from_its_start(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        server, url = await start(nursery, tmp_path)
+        backend = RespBackend(url, pool_size=1, command_timeout_s=2.0)
+        assert await backend.execute([("PING",)]) == [b"OK"]
+        server.silent = True
+        started = trio.current_time()
+        ended: list[float] = []
+
+        async def one() -> None:
+            with pytest.raises(BackendUnavailable, match="no reply within"):
+                await backend.execute([("GET", "a")])
+            ended.append(trio.current_time() - started)
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(one)  # the pooled connection, under the watchdog
+            inner.start_soon(one)  # waits for the slot, then connects: under a scope
+        assert ended == [pytest.approx(2.0), pytest.approx(2.0)]
+        assert backend.statistics().connections_open == 0
+        await backend.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_reply_within_the_bound_keeps_its_connection(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        server, url = await start(nursery, tmp_path)
+        backend = RespBackend(url, pool_size=2, command_timeout_s=2.0)
+        assert await backend.execute([("PING",)]) == [b"OK"]
+        server.delay_s = 1.9
+        for _ in range(5):  # each began after the last: each has its own 2 s
+            assert await backend.execute([("PING",)]) == [b"OK"]
+        stats = backend.statistics()
+        assert (stats.failures, stats.connections_open, server.connections) == (0, 1, 1)
+        await backend.aclose()
+        nursery.cancel_scope.cancel()
