@@ -44,3 +44,14 @@ async def test_idle_connections_close_at_exactly_the_keep_alive(
         assert closed == [start + 5.0, start + 8.0]
         assert not ended.timer.cancel_called
         nursery.cancel_scope.cancel()
+
+
+async def test_without_a_keep_alive_nothing_is_watched(autojump_clock: MockClock) -> None:
+    dog = IdleWatchdog(0)
+    conn = Idle()
+    dog.watch(conn)  # the connection closes itself when it idles (its own deadline)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dog.run)
+        await trio.sleep(100)
+        assert not conn.timer.cancel_called
+        nursery.cancel_scope.cancel()

@@ -377,6 +377,8 @@ class Connection(Idle):
                         return
                     self.idle = True
                     self.since = trio.current_time()  # the keep-alive watchdog's clock
+                    if config.keep_alive_s <= 0:  # no keep-alive: the watchdog has none
+                        timer.deadline = self.since
                 data = await self._recv()
                 self.idle = False
                 self.since = math.inf

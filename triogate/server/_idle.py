@@ -57,8 +57,10 @@ class IdleWatchdog:
         self._sleep = trio.CancelScope()
 
     def watch(self, conn: Idle) -> None:
-        """Watch a new connection (not idle yet)."""
-        self._push(trio.current_time() + self.keep_alive_s, conn)
+        """Watch a new connection (not idle yet). Without a positive keep-alive there is
+        nothing to watch: the connection closes as soon as it idles (``_connection.py``)."""
+        if self.keep_alive_s > 0:
+            self._push(trio.current_time() + self.keep_alive_s, conn)
 
     def _push(self, due: float, conn: Idle) -> None:
         self._seq += 1
