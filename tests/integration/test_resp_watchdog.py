@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from triogate.batch import BackendUnavailable, RespBackend
+from triogate.batch._resp import _Connection
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -122,5 +123,31 @@ async def test_a_slow_reply_within_the_bound_keeps_its_connection(
             assert await backend.execute([("PING",)]) == [b"OK"]
         stats = backend.statistics()
         assert (stats.failures, stats.connections_open, server.connections) == (0, 1, 1)
+        await backend.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_connection_looks_closed_on_eof_or_unasked_bytes() -> None:
+    # The pre-use check (one poll of the socket alone, on a poll set made once).
+    for goodbye in (b"", b"-ERR bye\r\n"):
+        sock, peer = trio.socket.socketpair()
+        conn = _Connection(trio.SocketStream(sock), 1.0)
+        assert conn.poll is not None and not conn.looks_closed()
+        if goodbye:
+            await peer.send(goodbye)
+        else:
+            peer.close()
+        assert conn.looks_closed()
+        conn.close_nowait()
+        peer.close()
+
+
+async def test_a_zero_bound_fails_every_pipeline_at_once(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        _, url = await start(nursery, tmp_path)
+        backend = RespBackend(url, command_timeout_s=0)
+        for _ in range(2):
+            with trio.fail_after(5), pytest.raises(BackendUnavailable, match="no reply"):
+                await backend.execute([("PING",)])
         await backend.aclose()
         nursery.cancel_scope.cancel()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import ssl
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
@@ -77,7 +78,7 @@ class _TimedOut(Exception):
 class _Connection(Watched):
     """One socket and its reply parser (and, on a plain socket, the watchdog's flags)."""
 
-    __slots__ = ("idle_since", "reader", "received", "stream")
+    __slots__ = ("idle_since", "poll", "reader", "received", "stream")
 
     def __init__(self, stream: trio.abc.Stream, timeout_s: float) -> None:
         #: ``fd``: the socket's descriptor for plain TCP and unix sockets (-1 under TLS):
@@ -86,6 +87,13 @@ class _Connection(Watched):
             stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1, timeout_s
         )
         self.stream = stream
+        #: A poll set of the plain socket alone, made once: :meth:`looks_closed` runs
+        #: before every reuse, and trio's ``is_readable`` builds and fills a new one each
+        #: time (2.5 µs against 0.8 µs for the same ``poll`` system call).
+        self.poll: select.poll | None = None
+        if self.fd >= 0:
+            self.poll = select.poll()
+            self.poll.register(self.fd, select.POLLIN)
         self.reader = hiredis.Reader(replyError=CommandError)
         #: Trio time this connection went back to the pool.
         self.idle_since = 0.0
@@ -149,6 +157,11 @@ class _Connection(Watched):
     def looks_closed(self) -> bool:
         """Whether the idle socket is readable: EOF, a reset, or bytes nobody asked for
         (a server says goodbye so). Sync: one ``poll`` with a zero timeout."""
+        if self.poll is not None:
+            try:
+                return bool(self.poll.poll(0))
+            except OSError:
+                return True
         stream = self.stream
         while isinstance(stream, trio.SSLStream):
             stream = stream.transport_stream
@@ -201,6 +214,8 @@ class RespBackend:
         self._url = redact_url(url)
         self._name = name
         self._timeout_s = command_timeout_s
+        #: Pooled plain sockets are bounded by the run's watchdog (a positive bound).
+        self._watched = command_timeout_s > 0
         self._slots = trio.Semaphore(pool_size)
         self._idle: list[_Connection] = []
         self._open = 0
@@ -245,7 +260,7 @@ class RespBackend:
                 return await self._bounded(started, packed, count, have_slot=False)
             try:
                 conn = self._take_idle(started)
-                if conn is None or conn.fd < 0:
+                if conn is None or conn.fd < 0 or not self._watched:
                     return await self._bounded(started, packed, count, reuse=conn)
                 # The common case: only the socket can make it wait, the watchdog bounds it.
                 conn.since = started
@@ -363,7 +378,7 @@ class RespBackend:
             self._open -= 1
             conn.close_nowait()
             raise
-        if conn.fd >= 0:
+        if conn.fd >= 0 and self._watched:
             watchdog().watch(conn)
         return conn
 

@@ -16,11 +16,15 @@ keeps the watched connections in a heap by the earliest moment each could time o
   the pipeline's wait with ``ClosedResourceError``); the client then fails the pipeline
   with "no reply within", never retries it, and closes the connection;
 * busy, but since later: looked at again when that pipeline could expire;
-* idle: again a whole timeout from now (the soonest a pipeline starting now could expire).
+* idle: again about a timeout from now (the soonest a pipeline starting now could expire),
+  rounded down to a quarter of the timeout, so that the idle connections of a pool are
+  looked at together (one wake-up of the watchdog, not one per connection).
 
-So a pipeline fails at the moment its deadline scope would have, and the watchdog costs a
-heap step per connection per timeout period. Pipelines that wait for anything else (a
-pool slot, a new connection, TLS) keep a deadline scope (``_resp.py``).
+So a pipeline fails at the moment its deadline scope would have (a busy connection's
+next look is its exact expiry), and the watchdog costs a heap step per connection per
+timeout period and at most a handful of wake-ups per timeout period. Pipelines that wait
+for anything else (a pool slot, a new connection, TLS) keep a deadline scope
+(``_resp.py``).
 
 The task is a system task (``trio.lowlevel.spawn_system_task``): backends have no
 nursery, and the watchdog lives as long as the run. It never raises; it only reads clocks
@@ -73,7 +77,8 @@ class Watchdog:
 
     def watch(self, watched: Watched) -> None:
         """Watch a connection from now on (it is idle: ``since`` is ``inf``)."""
-        self._push(trio.current_time() + watched.timeout_s, watched)
+        grid = watched.timeout_s / 4
+        self._push((trio.current_time() + watched.timeout_s) // grid * grid, watched)
 
     def _push(self, due: float, watched: Watched) -> None:
         self._seq += 1
@@ -97,7 +102,9 @@ class Watchdog:
                 continue
             since = watched.since
             if since == _INF:
-                self._push(now + watched.timeout_s, watched)
+                # Early, never late: a pipeline that begins now expires at now + timeout.
+                grid = watched.timeout_s / 4
+                self._push((now + watched.timeout_s) // grid * grid, watched)
             elif since + watched.timeout_s > now:
                 self._push(since + watched.timeout_s, watched)
             else:
