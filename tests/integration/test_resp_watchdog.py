@@ -7,6 +7,8 @@ MockClock."""
 
 from __future__ import annotations
 
+import socket
+import threading
 from typing import TYPE_CHECKING
 
 import hiredis
@@ -151,3 +153,41 @@ async def test_a_zero_bound_fails_every_pipeline_at_once(tmp_path: Path) -> None
                 await backend.execute([("PING",)])
         await backend.aclose()
         nursery.cancel_scope.cancel()
+
+
+def test_a_pool_reused_in_another_trio_run_is_still_bounded(tmp_path: Path) -> None:
+    # The first run's watchdog is gone with its run: the second run's pipelines on those
+    # pooled connections must not go unbounded (they take the deadline scope).
+    path = str(tmp_path / "resp.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    silent = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        reader = hiredis.Reader()
+        with conn:
+            while data := conn.recv(65536):
+                reader.feed(data)
+                count = 0
+                while reader.gets() is not False:
+                    count += 1
+                if not silent.is_set():
+                    conn.sendall(b"+OK\r\n" * count)
+
+    threading.Thread(target=serve, daemon=True).start()
+    backend = RespBackend(f"unix://{path}", command_timeout_s=0.5)
+
+    async def first() -> None:
+        assert await backend.execute([("PING",)]) == [b"OK"]
+
+    async def second() -> None:
+        assert backend.statistics().connections_idle == 1
+        with trio.fail_after(5), pytest.raises(BackendUnavailable, match=r"within 0\.5 s"):
+            await backend.execute([("PING",)])
+
+    trio.run(first)
+    silent.set()
+    trio.run(second)
+    listener.close()

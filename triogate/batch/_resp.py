@@ -42,7 +42,7 @@ import trio
 from ._backend import RedisAddress, redact_url
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
-from ._watchdog import Watched, watchdog
+from ._watchdog import Watchdog, Watched, current, watchdog
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -78,7 +78,7 @@ class _TimedOut(Exception):
 class _Connection(Watched):
     """One socket and its reply parser (and, on a plain socket, the watchdog's flags)."""
 
-    __slots__ = ("idle_since", "poll", "reader", "received", "stream")
+    __slots__ = ("dog", "idle_since", "poll", "reader", "received", "stream")
 
     def __init__(self, stream: trio.abc.Stream, timeout_s: float) -> None:
         #: ``fd``: the socket's descriptor for plain TCP and unix sockets (-1 under TLS):
@@ -94,6 +94,8 @@ class _Connection(Watched):
         if self.fd >= 0:
             self.poll = select.poll()
             self.poll.register(self.fd, select.POLLIN)
+        #: The watchdog of the trio run that watches this connection (None: none does).
+        self.dog: Watchdog | None = None
         self.reader = hiredis.Reader(replyError=CommandError)
         #: Trio time this connection went back to the pool.
         self.idle_since = 0.0
@@ -260,7 +262,7 @@ class RespBackend:
                 return await self._bounded(started, packed, count, have_slot=False)
             try:
                 conn = self._take_idle(started)
-                if conn is None or conn.fd < 0 or not self._watched:
+                if conn is None or conn.dog is None or conn.dog is not current():
                     return await self._bounded(started, packed, count, reuse=conn)
                 # The common case: only the socket can make it wait, the watchdog bounds it.
                 conn.since = started
@@ -379,7 +381,8 @@ class RespBackend:
             conn.close_nowait()
             raise
         if conn.fd >= 0 and self._watched:
-            watchdog().watch(conn)
+            conn.dog = watchdog()
+            conn.dog.watch(conn)
         return conn
 
     @asynccontextmanager

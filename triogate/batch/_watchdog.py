@@ -115,6 +115,15 @@ class Watchdog:
 _WATCHDOG: trio.lowlevel.RunVar[Watchdog] = trio.lowlevel.RunVar("triogate_redis_watchdog")
 
 
+def current() -> Watchdog | None:
+    """This run's watchdog if it was started (a connection pooled in an earlier trio run
+    is watched by that run's, which no longer runs)."""
+    try:
+        return _WATCHDOG.get()
+    except LookupError:
+        return None
+
+
 def watchdog() -> Watchdog:
     """This run's watchdog, started on first use (not a checkpoint)."""
     try:
