@@ -27,10 +27,12 @@ pytestmark = pytest.mark.integration
 
 
 class ScriptedServer:
-    """Answers ``+OK`` to every command after ``delay_s``, or never while ``silent``."""
+    """Answers ``+OK`` to every command after ``delay_s``, or never while ``silent``;
+    reads nothing while not ``reading``."""
 
     def __init__(self) -> None:
         self.silent = False
+        self.reading = True
         self.delay_s = 0.0
         self.connections = 0
 
@@ -44,7 +46,12 @@ class ScriptedServer:
     async def _one(self, stream: trio.SocketStream) -> None:
         reader = hiredis.Reader()
         async with stream:
-            while data := await stream.receive_some(65536):
+            while True:
+                while not self.reading:
+                    await trio.sleep(0.1)
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
                 reader.feed(data)
                 count = 0
                 while reader.gets() is not False:
@@ -191,3 +198,23 @@ def test_a_pool_reused_in_another_trio_run_is_still_bounded(tmp_path: Path) -> N
     silent.set()
     trio.run(second)
     listener.close()
+
+
+async def test_a_pipeline_the_server_does_not_read_fails_at_the_timeout(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    # Larger than the socket buffers: the write itself waits, under the watchdog too.
+    async with trio.open_nursery() as nursery:
+        server, url = await start(nursery, tmp_path)
+        backend = RespBackend(url, pool_size=1, command_timeout_s=2.0)
+        assert await backend.execute([("PING",)]) == [b"OK"]
+        server.reading = False
+        started = trio.current_time()
+        with trio.fail_after(10), pytest.raises(BackendUnavailable, match=r"within 2\.0 s"):
+            await backend.execute([("SET", "big", b"x" * 50_000_000)])
+        assert trio.current_time() - started == pytest.approx(2.0)
+        assert backend.statistics().connections_open == 0
+        server.reading = True
+        assert await backend.execute([("PING",)]) == [b"OK"]
+        await backend.aclose()
+        nursery.cancel_scope.cancel()

@@ -32,7 +32,7 @@ import math
 import os
 import select
 import ssl
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -105,13 +105,19 @@ class _Connection(Watched):
     async def roundtrip(self, packed: bytes, count: int) -> list[object]:
         """Send ``packed``, read ``count`` replies. A checkpoint.
 
-        On a plain socket the pipeline is written with one ``write`` (the stream's
-        ``send_all`` for what the kernel did not take) and replies are read after
+        On a plain socket the pipeline is written with one ``write`` (what the kernel did
+        not take follows after ``wait_writable``) and replies are read after
         ``wait_readable``: trio's socket methods wrap each call in an async context
         manager and a scheduler pass even when it succeeds at once, and a pipeline's
         reply is never there before it is sent, so the read waits anyway. For the same
         reason the first read waits before it reads: a ``read`` right after the write
         met ``EAGAIN`` every time (a system call and an exception per pipeline).
+
+        The watchdog (``_watchdog.py``) wakes a wait on this socket when it fires; a
+        firing that found no wait (the task was runnable) is seen by the ``fired`` check
+        before each wait. So every wait here is on the socket itself, never through the
+        stream's ``send_all``, whose scheduler pass between two sends the watchdog could
+        fire in, leaving the next wait unbounded.
         """
         self.received = False
         fd = self.fd
@@ -123,7 +129,13 @@ class _Connection(Watched):
             except BlockingIOError:
                 sent = 0
             if sent < len(packed):
-                await self.stream.send_all(memoryview(packed)[sent:])
+                rest = memoryview(packed)
+                while sent < len(packed):
+                    if self.fired:
+                        raise _TimedOut
+                    await trio.lowlevel.wait_writable(fd)
+                    with suppress(BlockingIOError):
+                        sent += os.write(fd, rest[sent:])
         waited = False
         replies: list[object] = []
         reader = self.reader
