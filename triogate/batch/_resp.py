@@ -10,7 +10,10 @@ Invariants:
       after every reply was read. Anything else (error, timeout, cancellation) closes it,
       so a half-read reply can never be mistaken for the next pipeline's.
     * Every ``execute`` is bounded by ``command_timeout_s`` (pool wait, connect, send and
-      read together) and fails with :class:`BackendUnavailable`, never hangs.
+      read together) and fails with :class:`BackendUnavailable`, never hangs. On a pooled
+      plain socket with a free slot (the common case) the run's watchdog
+      (``_watchdog.py``) enforces it; anything that waits for more than the socket (a pool
+      slot, a new connection, TLS) runs in a deadline scope.
     * A pooled connection is checked before reuse: one idle for longer than
       ``max_idle_s`` is closed (a NAT or firewall may have dropped its flow without a
       word), and one whose socket is readable while idle is closed too (the server
@@ -25,9 +28,11 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import ssl
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -37,6 +42,7 @@ import trio
 from ._backend import RedisAddress, redact_url
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
+from ._watchdog import Watchdog, Watched, current, watchdog
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -65,16 +71,31 @@ class BackendStatistics:
 _DISCONNECTED = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
-class _Connection:
-    """One socket and its reply parser."""
+class _TimedOut(Exception):
+    """The watchdog fired on the pipeline's connection."""
 
-    __slots__ = ("fd", "idle_since", "reader", "received", "stream")
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+class _Connection(Watched):
+    """One socket and its reply parser (and, on a plain socket, the watchdog's flags)."""
+
+    __slots__ = ("dog", "idle_since", "poll", "reader", "received", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, timeout_s: float) -> None:
+        #: ``fd``: the socket's descriptor for plain TCP and unix sockets (-1 under TLS):
+        #: the round trip writes and reads it directly (see :meth:`roundtrip`).
+        super().__init__(
+            stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1, timeout_s
+        )
         self.stream = stream
-        #: The socket's descriptor for plain TCP and unix sockets (-1 under TLS): the
-        #: round trip writes and reads it directly (see :meth:`roundtrip`).
-        self.fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        #: A poll set of the plain socket alone, made once: :meth:`looks_closed` runs
+        #: before every reuse, and trio's ``is_readable`` builds and fills a new one each
+        #: time (2.5 µs against 0.8 µs for the same ``poll`` system call).
+        self.poll: select.poll | None = None
+        if self.fd >= 0:
+            self.poll = select.poll()
+            self.poll.register(self.fd, select.POLLIN)
+        #: The watchdog of the trio run that watches this connection (None: none does).
+        self.dog: Watchdog | None = None
         self.reader = hiredis.Reader(replyError=CommandError)
         #: Trio time this connection went back to the pool.
         self.idle_since = 0.0
@@ -84,11 +105,19 @@ class _Connection:
     async def roundtrip(self, packed: bytes, count: int) -> list[object]:
         """Send ``packed``, read ``count`` replies. A checkpoint.
 
-        On a plain socket the pipeline is written with one ``write`` (the stream's
-        ``send_all`` for what the kernel did not take) and replies are read after
+        On a plain socket the pipeline is written with one ``write`` (what the kernel did
+        not take follows after ``wait_writable``) and replies are read after
         ``wait_readable``: trio's socket methods wrap each call in an async context
         manager and a scheduler pass even when it succeeds at once, and a pipeline's
-        reply is never there before it is sent, so the read waits anyway.
+        reply is never there before it is sent, so the read waits anyway. For the same
+        reason the first read waits before it reads: a ``read`` right after the write
+        met ``EAGAIN`` every time (a system call and an exception per pipeline).
+
+        The watchdog (``_watchdog.py``) wakes a wait on this socket when it fires; a
+        firing that found no wait (the task was runnable) is seen by the ``fired`` check
+        before each wait. So every wait here is on the socket itself, never through the
+        stream's ``send_all``, whose scheduler pass between two sends the watchdog could
+        fire in, leaving the next wait unbounded.
         """
         self.received = False
         fd = self.fd
@@ -100,7 +129,13 @@ class _Connection:
             except BlockingIOError:
                 sent = 0
             if sent < len(packed):
-                await self.stream.send_all(memoryview(packed)[sent:])
+                rest = memoryview(packed)
+                while sent < len(packed):
+                    if self.fired:
+                        raise _TimedOut
+                    await trio.lowlevel.wait_writable(fd)
+                    with suppress(BlockingIOError):
+                        sent += os.write(fd, rest[sent:])
         waited = False
         replies: list[object] = []
         reader = self.reader
@@ -111,11 +146,17 @@ class _Connection:
                     data = bytes(await self.stream.receive_some(_RECEIVE_BYTES))
                     waited = True
                 else:
+                    if not waited:
+                        if self.fired:  # before each wait: notify_closing wakes waits only
+                            raise _TimedOut
+                        await trio.lowlevel.wait_readable(fd)
+                        waited = True
                     try:
                         data = os.read(fd, _RECEIVE_BYTES)
                     except BlockingIOError:
+                        if self.fired:
+                            raise _TimedOut from None
                         await trio.lowlevel.wait_readable(fd)
-                        waited = True
                         continue
                 if not data:
                     raise trio.BrokenResourceError("server closed the connection")
@@ -130,6 +171,11 @@ class _Connection:
     def looks_closed(self) -> bool:
         """Whether the idle socket is readable: EOF, a reset, or bytes nobody asked for
         (a server says goodbye so). Sync: one ``poll`` with a zero timeout."""
+        if self.poll is not None:
+            try:
+                return bool(self.poll.poll(0))
+            except OSError:
+                return True
         stream = self.stream
         while isinstance(stream, trio.SSLStream):
             stream = stream.transport_stream
@@ -142,6 +188,7 @@ class _Connection:
 
     def close_nowait(self) -> None:
         """Close synchronously: usable in ``finally`` blocks under cancellation."""
+        self.closed = True  # the watchdog forgets it
         stream = self.stream
         while isinstance(stream, trio.SSLStream):
             stream = stream.transport_stream
@@ -181,6 +228,8 @@ class RespBackend:
         self._url = redact_url(url)
         self._name = name
         self._timeout_s = command_timeout_s
+        #: Pooled plain sockets are bounded by the run's watchdog (a positive bound).
+        self._watched = command_timeout_s > 0
         self._slots = trio.Semaphore(pool_size)
         self._idle: list[_Connection] = []
         self._open = 0
@@ -213,34 +262,73 @@ class RespBackend:
         packed = b"".join([hiredis.pack_command(c) for c in commands])  # type: ignore[arg-type]
         self._pipelines += 1
         self._commands += len(commands)
-        # A scope with its deadline, not move_on_after: that wrapper checks the number
-        # and makes the scope read the clock once more on entry (every pipeline).
-        with trio.CancelScope(deadline=trio.current_time() + self._timeout_s) as timeout:
+        count = len(commands)
+        started = trio.current_time()
+        try:
+            # Cancellation is checked before the pipeline leaves (a script the server ran
+            # must be one its owner saw); the round trip is the schedule point.
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
-                # A free slot without the scheduler pass ``async with`` would cost: the
-                # round trip below is the checkpoint. Cancellation is checked before the
-                # pipeline leaves (a script the server ran must be one its owner saw).
-                await trio.lowlevel.checkpoint_if_cancelled()
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                return await self._bounded(started, packed, count, have_slot=False)
+            try:
+                conn = self._take_idle(started)
+                if conn is None or conn.dog is None or conn.dog is not current():
+                    return await self._bounded(started, packed, count, reuse=conn)
+                # The common case: only the socket can make it wait, the watchdog bounds it.
+                conn.since = started
                 try:
-                    self._slots.acquire_nowait()
-                except trio.WouldBlock:
-                    await self._slots.acquire()
-                try:
-                    return await self._send(packed, len(commands))
-                finally:
-                    self._slots.release()
-            except _DISCONNECTED as exc:
-                self._failures += 1
-                raise BackendUnavailable(self._name, f"{type(exc).__name__}: {exc}") from exc
-            except hiredis.ProtocolError as exc:
-                self._failures += 1
-                raise BackendUnavailable(self._name, f"protocol error: {exc}") from exc
-        assert timeout.cancelled_caught
+                    return await self._use(conn, packed, count)
+                except _DISCONNECTED:
+                    if conn.fired:
+                        raise _TimedOut from None
+                    if conn.received:
+                        raise  # the server was answering: it may have executed; not ours
+                # The reused connection died before any reply: the server closed it while
+                # idle. Retried once on a fresh one, within the same bound.
+                self._retries += 1
+                return await self._bounded(started, packed, count)
+            finally:
+                self._slots.release()
+        except _TimedOut:
+            pass
+        except _DISCONNECTED as exc:
+            self._failures += 1
+            raise BackendUnavailable(self._name, f"{type(exc).__name__}: {exc}") from exc
+        except hiredis.ProtocolError as exc:
+            self._failures += 1
+            raise BackendUnavailable(self._name, f"protocol error: {exc}") from exc
         self._failures += 1
         raise BackendUnavailable(self._name, f"no reply within {self._timeout_s} s")
 
-    async def _send(self, packed: bytes, count: int) -> list[object]:
-        conn = self._take_idle()
+    async def _bounded(
+        self,
+        started: float,
+        packed: bytes,
+        count: int,
+        *,
+        have_slot: bool = True,
+        reuse: _Connection | None = None,
+    ) -> list[object]:
+        """What may wait for more than a pooled socket (a pool slot, a new connection, a
+        TLS stream), under a deadline scope ending when the pipeline's bound does.
+
+        Raises:
+            _TimedOut: the bound passed.
+        """
+        with trio.CancelScope(deadline=started + self._timeout_s):
+            if have_slot:
+                return await self._send(packed, count, reuse)
+            await self._slots.acquire()
+            try:
+                return await self._send(packed, count, self._take_idle(trio.current_time()))
+            finally:
+                self._slots.release()
+        raise _TimedOut
+
+    async def _send(self, packed: bytes, count: int, conn: _Connection | None) -> list[object]:
+        """Round trip on ``conn`` (a pooled connection) or, if None, a new one."""
         if conn is None:
             return await self._use(await self._connect(), packed, count)
         try:
@@ -259,16 +347,18 @@ class RespBackend:
             ok = True
             return replies
         finally:
-            if ok and not self._closed:
+            conn.since = math.inf
+            # A watchdog that fired as the last reply came in closed it for good: the
+            # replies stand (data wins, as over a scope cancelled too late).
+            if ok and not self._closed and not conn.fired:
                 conn.idle_since = trio.current_time()
                 self._idle.append(conn)
             else:
                 self._open -= 1
                 conn.close_nowait()
 
-    def _take_idle(self) -> _Connection | None:
+    def _take_idle(self, now: float) -> _Connection | None:
         """The most recently used live idle connection; drops stale ones (sync)."""
-        now = trio.current_time()
         idle = self._idle
         # The oldest sit at the front: expire them first, whoever asks.
         while idle and now - idle[0].idle_since > self._max_idle_s:
@@ -287,7 +377,7 @@ class RespBackend:
 
     async def _connect(self) -> _Connection:
         stream = await _open_stream(self._address)
-        conn = _Connection(stream)
+        conn = _Connection(stream, self._timeout_s)
         self._open += 1
         try:
             setup = _setup_commands(self._address)
@@ -302,6 +392,9 @@ class RespBackend:
             self._open -= 1
             conn.close_nowait()
             raise
+        if conn.fd >= 0 and self._watched:
+            conn.dog = watchdog()
+            conn.dog.watch(conn)
         return conn
 
     @asynccontextmanager

@@ -208,16 +208,12 @@ class LocalWindows:
         estimate_tokens: int,
         now_ms: int,
         lease_ms: int,
-        check: bool = True,
     ) -> LocalRateVerdict:
         """Check every window and count the request if all pass (``rate_admit.lua``'s rule).
 
-        With ``check=False`` the request is counted whatever the windows say: that is how
-        admissions decided by Redis are mirrored here, so the local windows know this
-        process's recent traffic when Redis goes away.
+        Admissions decided by Redis are mirrored with :meth:`count` instead, so the local
+        windows know this process's recent traffic when Redis goes away.
         """
-        current = now_ms // BUCKET_MS
-        oldest = current - BUCKETS + 1
         used = [self.used(w, now_ms) for w in windows]
         failed: int | None = None
         retry_ms = 0
@@ -232,31 +228,60 @@ class LocalWindows:
             if wait is not None:
                 failed = i if failed is None else failed
                 retry_ms = max(retry_ms, wait)
-        if check and failed is not None:
+        if failed is not None:
             return LocalRateVerdict(
                 admitted=False,
                 failed=failed,
                 retry_after_ms=retry_ms,
                 remaining=tuple(max(w.limit - u, 0) for w, u in zip(windows, used, strict=True)),
             )
-        remaining = []
-        for w, u in zip(windows, used, strict=True):
-            if w.kind == "parallel":
-                slots = self._slots.get(w.key, OrderedDict)
-                slots[request_id] = now_ms + lease_ms  # used() purged the expired ones
-                slots.move_to_end(request_id)
-                remaining.append(max(w.limit - u - 1, 0))
-                continue
-            add = 1 if w.kind == "rpm" else estimate_tokens
-            counts = self._counts.get(w.key, dict)
-            for b in [b for b in counts if b < oldest]:
-                del counts[b]
-            if add:
-                counts[current] = counts.get(current, 0) + add
-            remaining.append(max(w.limit - u - add, 0))
+        self.count(windows, request_id=request_id, estimate_tokens=estimate_tokens,
+                   now_ms=now_ms, lease_ms=lease_ms)
+        remaining = [
+            max(w.limit - u - (1 if w.kind != "tpm" else estimate_tokens), 0)
+            for w, u in zip(windows, used, strict=True)
+        ]
         return LocalRateVerdict(
             admitted=True, failed=None, retry_after_ms=0, remaining=tuple(remaining)
         )
+
+    def count(
+        self,
+        windows: Sequence[Window],
+        *,
+        request_id: str,
+        estimate_tokens: int,
+        now_ms: int,
+        lease_ms: int,
+    ) -> None:
+        """Count the request in every window whatever they say, deciding nothing.
+
+        How admissions decided by Redis are mirrored here (every governed request, once
+        per principal with windows), so it reads no window's total: ``used()`` sums up to
+        60 buckets per window, and the totals only served a verdict Redis already gave.
+        Buckets that left the window are dropped when a new bucket begins (once a second
+        per window), not on every call: ``used()`` and ``_retry_after`` skip them anyway,
+        and the table stays bounded.
+        """
+        current = now_ms // BUCKET_MS
+        for w in windows:
+            if w.kind == "parallel":
+                self._live_slots(w.key, now_ms)  # expired slots leave first, as in admit
+                slots = self._slots.get(w.key, OrderedDict)
+                slots[request_id] = now_ms + lease_ms
+                slots.move_to_end(request_id)
+                continue
+            add = 1 if w.kind == "rpm" else estimate_tokens
+            counts = self._counts.get(w.key, dict)
+            if current not in counts:
+                oldest = current - BUCKETS + 1
+                for b in [b for b in counts if b < oldest]:
+                    del counts[b]
+                if not add:
+                    continue
+                counts[current] = add
+            elif add:
+                counts[current] += add
 
     def settle(
         self,

@@ -251,9 +251,9 @@ async def conclude(
         if isinstance(reply, tuple):
             admitted, failed, retry_ms, remaining = reply
             if admitted:  # mirror it locally, so the local windows know our traffic
-                local.windows.admit(
+                local.windows.count(
                     ws, request_id=request.request_id, estimate_tokens=request.estimate_tokens,
-                    now_ms=request.now_ms, lease_ms=settings.lease_ms, check=False,
+                    now_ms=request.now_ms, lease_ms=settings.lease_ms,
                 )
             entry = RateEntry(
                 kind=p.kind, id=p.id, label=principal_label(p), windows=ws, counted=admitted,

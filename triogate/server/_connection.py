@@ -6,10 +6,12 @@ to the application: ``receive()`` reads the socket itself when it needs bytes, f
 body, or, once the body is in, to notice that the client went away (``http.disconnect``).
 So a request costs no task, no queue and no lock of the server's.
 
-Timers: the connection's task runs in one cancel scope whose deadline moves: the
-keep-alive while idle, ``body_read_timeout_s`` for a partly received head (from its first
-byte: later bytes do not extend it, so a client trickling a byte now and then, slowloris,
-is answered 408 at the bound), none while the application runs. Shutdown moves it to now
+Timers: the connection's task runs in one cancel scope (``timer``). While idle it is the
+server's keep-alive watchdog (``_idle.py``) that cancels it, ``keep_alive_s`` after the
+connection began to idle (the connection only stamps when); for a partly received head
+its deadline is ``body_read_timeout_s`` from the head's first byte (later bytes do not
+extend it, so a client trickling a byte now and then, slowloris, is answered 408 at the
+bound); nothing bounds it while the application runs. Shutdown moves its deadline to now
 for an idle connection only.
 A body read is bounded by its own scope; when it expires the application sees
 ``http.disconnect`` and the client gets 408.
@@ -36,6 +38,7 @@ import httptools
 import trio
 
 from triogate.server import _head
+from triogate.server._idle import Idle
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -82,11 +85,12 @@ class _BadTarget(Exception):
     """An absolute-form request target that does not parse as a URL (``http://``): 400."""
 
 
-class Connection:
+class Connection(Idle):
     """One client connection (see the module docstring)."""
 
     def __init__(self, sock: socket.socket, app: App, config: ServerConfig,
                  server: tuple[str, int] | None, date: _head.CachedDate) -> None:
+        super().__init__()  # ``since``, ``ended`` and ``timer``, for the keep-alive watchdog
         self.sock = sock
         self.app = app
         self.config = config
@@ -111,7 +115,6 @@ class Connection:
         #: Bytes of later requests read while responses were in flight, until they are
         #: all answered (bounds the queue, not just one response's read-ahead).
         self._ahead = 0
-        self.timer = trio.CancelScope()
         #: Waiting for a new request with nothing of it received: shutdown may close it.
         self.idle = False
         #: Requests answered (a connection that served one and idles is kept alive).
@@ -381,15 +384,19 @@ class Connection:
                     if self.closing:
                         return
                     self.idle = True
-                    timer.deadline = trio.current_time() + config.keep_alive_s
+                    self.since = trio.current_time()  # the keep-alive watchdog's clock
+                    if config.keep_alive_s <= 0:  # no keep-alive: the watchdog has none
+                        timer.deadline = self.since
                 data = await self._recv()
                 self.idle = False
+                self.since = math.inf
                 if not data:
                     return
                 self._feed(data)
                 continue
-            timer.deadline = math.inf
-            head_timed = False
+            if head_timed:
+                timer.deadline = math.inf
+                head_timed = False
             message = queue[0]
             await self._respond(message)
             self.served += 1

@@ -31,6 +31,7 @@ import trio
 
 from triogate.server._connection import Connection
 from triogate.server._head import CachedDate
+from triogate.server._idle import IdleWatchdog
 
 if TYPE_CHECKING:
     from triogate.server._config import ServerConfig
@@ -69,6 +70,8 @@ class _Server:
         self.closing = False
         self.drained = trio.Event()
         self.date = CachedDate()
+        #: Closes connections idle past the keep-alive (its task runs in serve's nursery).
+        self.idle = IdleWatchdog(config.keep_alive_s)
         name = listener.getsockname()
         self.address = (str(name[0]), int(name[1]))
         #: Connections accepted and not yet closed (``connections`` fills a step later).
@@ -127,11 +130,13 @@ class _Server:
         conn = Connection(sock, self.app, self.config, self.address, self.date)
         conn.closing = self.closing
         self.connections.add(conn)
+        self.idle.watch(conn)
         try:
             await conn.run()
         except Exception:  # a bug here must cost one connection, never the server
             logger.exception("connection failed")
         finally:
+            conn.ended = True
             self.open -= 1
             self.connections.discard(conn)
             sock.close()
@@ -184,6 +189,7 @@ async def serve(
     accepting = trio.CancelScope()
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.idle.run)
             nursery.start_soon(_accept_until, server, nursery, accepting)
             logger.info("Running on %s (CTRL + C to quit)", urls[0])
             task_status.started(urls)

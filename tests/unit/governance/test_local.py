@@ -146,3 +146,69 @@ def test_check_settings_come_from_the_config_sections() -> None:
     assert (built.budgets_policy, built.rate_limits_policy, built.lease_ms) == (
         "fail-closed", "fail-open", 2_500,
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    windows=st.lists(
+        st.one_of(
+            st.tuples(st.just("r"), st.integers(0, 12)),
+            st.tuples(st.just("t"), st.integers(0, 600)),
+            st.tuples(st.just("p"), st.integers(0, 4)),
+        ),
+        min_size=1, max_size=4,
+    ),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("count"), st.integers(0, 200)),
+            st.tuples(st.just("count"), st.integers(0, 200)),
+            st.tuples(st.just("admit"), st.integers(0, 200)),
+            st.tuples(st.just("settle"), st.integers(0, 50), st.sampled_from("aux"),
+                      st.integers(0, 250)),
+            st.tuples(st.just("advance"), st.sampled_from(STEPS_MS)),
+        ),
+        max_size=80,
+    ),
+    start=st.integers(0, 999),
+)
+def test_counting_a_redis_admission_matches_the_sliding_window_model(
+    windows: list[tuple[str, int]], ops: list[tuple[object, ...]], start: int
+) -> None:
+    # The mirror of a Redis decision (count) counts as an admission the model is told
+    # to take whatever its limits say, and what follows decides as the model does.
+    ws = [Window(kind=KIND[k], key=f"w{i}", limit=lim) for i, (k, lim) in enumerate(windows)]
+    model = WindowModel(kinds=[k for k, _ in windows], limits=[lim for _, lim in windows])
+    local = LocalWindows(max_entries=100)
+    now = BASE_MS + start
+    counted: list[tuple[str, int, int]] = []
+    for n, op in enumerate(ops):
+        rid = f"r{n}"
+        if op[0] == "count":
+            estimate = int(op[1])  # type: ignore[call-overload]
+            local.count(ws, request_id=rid, estimate_tokens=estimate, now_ms=now,
+                        lease_ms=LEASE_MS)
+            # The model's own state, counted as an admission that cannot fail.
+            model.limits, saved = [10**9] * len(ws), model.limits
+            assert model.admit(rid, estimate, now, LEASE_MS)[0] == 1
+            model.limits = saved
+            counted.append((rid, now // 1000, estimate))
+        elif op[0] == "admit":
+            estimate = int(op[1])  # type: ignore[call-overload]
+            verdict = local.admit(ws, request_id=rid, estimate_tokens=estimate, now_ms=now,
+                                  lease_ms=LEASE_MS)
+            got = [int(verdict.admitted), 0 if verdict.failed is None else verdict.failed + 1,
+                   verdict.retry_after_ms, *verdict.remaining]
+            assert got == model.admit(rid, estimate, now, LEASE_MS)
+            if verdict.admitted:
+                counted.append((rid, now // 1000, estimate))
+        elif op[0] == "settle" and counted:
+            rid, bucket, estimate = counted.pop(int(op[1]) % len(counted))  # type: ignore[call-overload]
+            mode, actual = str(op[2]), int(op[3])  # type: ignore[call-overload]
+            local.settle(ws, request_id=rid, mode=mode, bucket=bucket, estimate_tokens=estimate,
+                         actual_tokens=actual, now_ms=now)
+            model.settle(rid, mode, bucket, estimate, actual, now)
+        elif op[0] == "advance":
+            now += int(op[1])  # type: ignore[call-overload]
+        assert [local.used(w, now) for w in ws] == [model.used(i, now) for i in range(len(ws))]
+    for counts in local._counts.data.values():  # bounded: one window's buckets at most
+        assert len(counts) <= 60 + len(ops)

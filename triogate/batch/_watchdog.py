@@ -1,0 +1,135 @@
+"""Pipeline timeouts on pooled Redis connections: one watchdog per run, not a scope per pipeline.
+
+Every pipeline is bounded by ``command_timeout_s``. A ``trio.CancelScope`` with a
+deadline per pipeline cost ~4 % of a governed request's samples at 32 connections
+(entering and leaving it registers and unregisters a deadline, through trio's generator
+context managers), and it almost never fires. On the common path (a free pool slot, a
+pooled plain-socket connection) the only waits of a pipeline are on its connection's
+socket, so the bound is kept as ``triogate/providers/watchdog.py`` keeps upstream read
+timeouts: a connection is registered once, when it opens (:meth:`Watchdog.watch`), and a
+pipeline only stamps :attr:`Watched.since` (the moment its ``execute`` began: the bound
+covers the whole call, as the scope's did) and clears it when done. One task per trio run
+keeps the watched connections in a heap by the earliest moment each could time out:
+
+* busy since ``since`` and ``since + timeout_s`` has passed: it fires
+  (:attr:`Watched.fired`, then ``trio.lowlevel.notify_closing`` on the socket, which wakes
+  the pipeline's wait with ``ClosedResourceError``); the client then fails the pipeline
+  with "no reply within", never retries it, and closes the connection;
+* busy, but since later: looked at again when that pipeline could expire;
+* idle: again about a timeout from now (the soonest a pipeline starting now could expire),
+  rounded down to a quarter of the timeout, so that the idle connections of a pool are
+  looked at together (one wake-up of the watchdog, not one per connection).
+
+So a pipeline fails at the moment its deadline scope would have (a busy connection's
+next look is its exact expiry), and the watchdog costs a heap step per connection per
+timeout period and at most a handful of wake-ups per timeout period. Pipelines that wait
+for anything else (a pool slot, a new connection, TLS) keep a deadline scope
+(``_resp.py``).
+
+The task is a system task (``trio.lowlevel.spawn_system_task``): backends have no
+nursery, and the watchdog lives as long as the run. It never raises; it only reads clocks
+and flags and calls ``notify_closing``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import final
+
+import trio
+
+_INF = math.inf
+
+
+class Watched:
+    """What the watchdog reads and writes on a connection (``_resp._Connection``).
+
+    Attributes:
+        fd: the socket (what firing wakes).
+        timeout_s: how long one pipeline may last.
+        since: trio time its pipeline began; ``inf`` while no watched pipeline runs.
+        fired: set when a pipeline outlived ``timeout_s``: the connection must be closed.
+        closed: the connection is closed (or fired): the watchdog forgets it.
+    """
+
+    __slots__ = ("closed", "fd", "fired", "since", "timeout_s")
+
+    def __init__(self, fd: int, timeout_s: float) -> None:
+        self.fd = fd
+        self.timeout_s = timeout_s
+        self.since = _INF
+        self.fired = False
+        self.closed = False
+
+
+@final
+class Watchdog:
+    """Times out the pipelines of every connection registered with it (see the module)."""
+
+    def __init__(self) -> None:
+        # (due, sequence, watched): when to look at a connection next. Closed ones leave
+        # when due (at most a timeout later), so the heap holds the open connections and
+        # those closed within the last timeout.
+        self._heap: list[tuple[float, int, Watched]] = []
+        self._seq = 0
+        self._sleep = trio.CancelScope()  # its deadline: the heap's first due
+
+    def watch(self, watched: Watched) -> None:
+        """Watch a connection from now on (it is idle: ``since`` is ``inf``)."""
+        grid = watched.timeout_s / 4
+        self._push((trio.current_time() + watched.timeout_s) // grid * grid, watched)
+
+    def _push(self, due: float, watched: Watched) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (due, self._seq, watched))
+        if due < self._sleep.deadline:
+            self._sleep.deadline = due
+
+    async def run(self) -> None:
+        """Sleep until the first due connection, look at the due ones; for ever."""
+        while True:
+            self._sleep = trio.CancelScope(deadline=self._heap[0][0] if self._heap else _INF)
+            with self._sleep:
+                await trio.sleep_forever()
+            self._expire(trio.current_time())
+
+    def _expire(self, now: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, watched = heapq.heappop(heap)
+            if watched.closed:
+                continue
+            since = watched.since
+            if since == _INF:
+                # Early, never late: a pipeline that begins now expires at now + timeout.
+                grid = watched.timeout_s / 4
+                self._push((now + watched.timeout_s) // grid * grid, watched)
+            elif since + watched.timeout_s > now:
+                self._push(since + watched.timeout_s, watched)
+            else:
+                watched.fired = watched.closed = True
+                trio.lowlevel.notify_closing(watched.fd)
+
+
+_WATCHDOG: trio.lowlevel.RunVar[Watchdog] = trio.lowlevel.RunVar("triogate_redis_watchdog")
+
+
+def current() -> Watchdog | None:
+    """This run's watchdog if it was started (a connection pooled in an earlier trio run
+    is watched by that run's, which no longer runs)."""
+    try:
+        return _WATCHDOG.get()
+    except LookupError:
+        return None
+
+
+def watchdog() -> Watchdog:
+    """This run's watchdog, started on first use (not a checkpoint)."""
+    try:
+        return _WATCHDOG.get()
+    except LookupError:
+        dog = Watchdog()
+        _WATCHDOG.set(dog)
+        trio.lowlevel.spawn_system_task(dog.run, name="triogate redis pipeline watchdog")
+        return dog
