@@ -30,6 +30,29 @@ _INF = float("inf")
 Origin = tuple[bytes, bytes, int]
 
 
+class Paced(Protocol):
+    """What a run's stream pacer (``api/pacing.py``) tells the transport."""
+
+    #: Whether the streams wait a window between a client write and their next read.
+    behind: bool
+
+
+_PACER: trio.lowlevel.RunVar[Paced] = trio.lowlevel.RunVar("triogate_stream_pacer")
+
+
+def set_pacer(pacer: Paced) -> None:
+    """Tell this run's upstream reads about its stream pacer (its probe calls this)."""
+    _PACER.set(pacer)
+
+
+def _paced() -> bool:
+    """Whether this run's streams are being held between reads by the pacer."""
+    try:
+        return _PACER.get().behind
+    except LookupError:
+        return False
+
+
 class Pool(Protocol):
     """Where a body hands its connection back (the transport's pool)."""
 
@@ -97,10 +120,12 @@ class UpstreamConnection:
         raises ``httpx.ReadTimeout``, as the scope's expiry did. Always a checkpoint."""
         try:
             if self.plain:
-                if self.behind:
+                if self.behind and not _paced():
                     # The last read found bytes waiting: the worker is behind. One more
                     # scheduler pass before this read lets more arrive, so that it (and
                     # the client write after it) carries more chunks (see w7-stream.md).
+                    # Not while the pacer holds the streams: this read follows a window's
+                    # wait already, and the pass would only cost one more wake-up.
                     await trio.lowlevel.checkpoint()
                 else:
                     await trio.lowlevel.checkpoint_if_cancelled()  # before consuming

@@ -13,6 +13,7 @@ import trio
 import trio.lowlevel
 
 from triogate.api.pacing import TICK_S, StreamPacer
+from triogate.providers import http1
 
 if TYPE_CHECKING:
     from trio.testing import MockClock
@@ -35,6 +36,7 @@ async def test_the_probe_sees_long_passes_and_a_hold_lasts_a_window() -> None:
         pacer.opened()
         await _busy(0.2)
         assert pacer.behind
+        assert http1._paced()  # the run's upstream reads know: no extra pass after a hold
         started = trio.current_time()
         await pacer.hold()
         held = trio.current_time() - started
@@ -43,6 +45,7 @@ async def test_the_probe_sees_long_passes_and_a_hold_lasts_a_window() -> None:
         with trio.fail_after(5):  # an idle loop: the probe wakes on time again
             while pacer.behind:
                 await trio.sleep(TICK_S)
+        assert not http1._paced()
         pacer.closed()
         nursery.cancel_scope.cancel()
     assert not pacer.behind
