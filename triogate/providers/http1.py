@@ -18,7 +18,7 @@ from triogate.providers.watchdog import watchdog
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from triogate.providers.watchdog import ReadWatch
+    from triogate.providers.watchdog import Paced, ReadWatch
 
 MAX_HEAD_BYTES = 64 * 1024
 READ_SIZE = 65536
@@ -30,27 +30,9 @@ _INF = float("inf")
 Origin = tuple[bytes, bytes, int]
 
 
-class Paced(Protocol):
-    """What a run's stream pacer (``api/pacing.py``) tells the transport."""
-
-    #: Whether the streams wait a window between a client write and their next read.
-    behind: bool
-
-
-_PACER: trio.lowlevel.RunVar[Paced] = trio.lowlevel.RunVar("triogate_stream_pacer")
-
-
 def set_pacer(pacer: Paced) -> None:
     """Tell this run's upstream reads about its stream pacer (its probe calls this)."""
-    _PACER.set(pacer)
-
-
-def _paced() -> bool:
-    """Whether this run's streams are being held between reads by the pacer."""
-    try:
-        return _PACER.get().behind
-    except LookupError:
-        return False
+    watchdog().pacer = pacer
 
 
 class Pool(Protocol):
@@ -120,7 +102,7 @@ class UpstreamConnection:
         raises ``httpx.ReadTimeout``, as the scope's expiry did. Always a checkpoint."""
         try:
             if self.plain:
-                if self.behind and not _paced():
+                if self.behind and not watch.dog.pacer.behind:
                     # The last read found bytes waiting: the worker is behind. One more
                     # scheduler pass before this read lets more arrive, so that it (and
                     # the client write after it) carries more chunks (see w7-stream.md).
