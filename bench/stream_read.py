@@ -6,7 +6,9 @@
 a shared host, where a few percent drown in noise. This runs only what a stream chunk
 costs between the upstream socket and the client write: the real upstream transport,
 ``OpenAIProvider.stream`` (SSE decoding, usage tracking, translation) and the loop of
-``flow.py``'s producer (bursts joined, each event encoded with ``api/sse.py``), against
+``flow.py``'s producer (bursts joined, an event the upstream wrote as the client's API
+would passed on as its bytes, the rest encoded with ``api/sse.py``; with ``--cache`` also
+the response cache's decode and assembly of the answer at the stream's end), against
 ``bench/streamtool.c upstream``, in one process per tree, the trees alternating. The
 client write is left out (``bench/send_floor.py`` measures hypercorn's send).
 
@@ -30,10 +32,12 @@ import orjson
 BENCH = Path(__file__).resolve().parent
 
 
-async def _run(port: int, streams: int, chunks: int, api: str) -> float:
+async def _run(port: int, streams: int, chunks: int, api: str, cache: bool) -> float:
     import trio
 
     from triogate.api import sse
+    from triogate.api.flow import _decoded
+    from triogate.cache.replay import assemble
     from triogate.config import Deployment, Price
     from triogate.providers import new_upstream_client
     from triogate.providers.openai import OpenAIProvider
@@ -49,16 +53,24 @@ async def _run(port: int, streams: int, chunks: int, api: str) -> float:
 
     async def one(provider: OpenAIProvider) -> None:
         nonlocal written
+        kept: list[Any] = []
         async with provider.stream(api, request, deployment) as stream:  # type: ignore[arg-type]
             events = stream.__aiter__()
             event = await anext(events, None)
             while event is not None:
                 burst: list[bytes] = []
                 while event is not None:
-                    burst.append(sse.encode(api, event))  # type: ignore[arg-type]
+                    # As flow.py's producer: an event the upstream wrote as the client's
+                    # API would goes on as its bytes (and is kept as them).
+                    wire = getattr(stream, "wire", None)
+                    kept.append(event if wire is None else wire)
+                    burst.append(wire if wire is not None
+                                 else sse.encode(api, event))  # type: ignore[arg-type]
                     event = stream.next_nowait()
                 written += len(b"".join(burst))
                 event = await anext(events, None)
+        if cache:  # what a worker with the response cache does at the end of the stream
+            assert assemble(api, _decoded(kept)) is not None  # type: ignore[arg-type]
 
     async with new_upstream_client(max_connections=streams) as client:
         provider = OpenAIProvider(client)
@@ -76,7 +88,8 @@ async def _run(port: int, streams: int, chunks: int, api: str) -> float:
 def child(a: argparse.Namespace) -> int:
     import trio
 
-    cpu = {c: trio.run(_run, a.port, a.streams, c, a.api) for c in (a.chunks, a.baseline_chunks)}
+    cpu = {c: trio.run(_run, a.port, a.streams, c, a.api, a.cache)
+           for c in (a.chunks, a.baseline_chunks)}
     per_chunk = (cpu[a.chunks] - cpu[a.baseline_chunks]) * 1e6 / (
         a.streams * (a.chunks - a.baseline_chunks))
     cpu_s = {str(k): v for k, v in cpu.items()}
@@ -93,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-ms", type=float, default=20)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--api", default="chat", choices=("chat", "messages", "responses"))
+    p.add_argument("--cache", action="store_true",
+                   help="also decode the kept events and assemble the answer at each stream's "
+                   "end, as a worker whose response cache stores streamed answers does")
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.port:
@@ -114,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = subprocess.run(
                     [sys.executable, __file__, "--port", str(port),
                      "--streams", str(a.streams), "--chunks", str(a.chunks),
-                     "--baseline-chunks", str(a.baseline_chunks), "--api", a.api],
+                     "--baseline-chunks", str(a.baseline_chunks), "--api", a.api,
+                     *(["--cache"] if a.cache else [])],
                     env=env, capture_output=True, check=True, timeout=600)
                 figure = orjson.loads(out.stdout.splitlines()[-1])["us_per_chunk"]
                 results[str(tree)].append(figure)

@@ -83,13 +83,14 @@ def _find_budget(info: Any) -> tuple[int | None, int | None]:
 
 
 def measured(label: str, watch: dict[str, list[psutil.Process]], run: Any,
-             profile_to: Path | None = None) -> dict[str, Any]:
+             profile_to: Path | None = None, profile_rate: int = 100) -> dict[str, Any]:
     procs.wait_idle(watch)
     canary = procs.canary_ms()
     spy = None
     if profile_to is not None:  # py-spy writes its file on SIGINT
-        spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate", "100", "--gil",
-                                "-o", str(profile_to), "-p", str(watch["gateway"][0].pid)],
+        spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate",
+                                str(profile_rate), "--gil", "-o", str(profile_to),
+                                "-p", str(watch["gateway"][0].pid)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     before = procs.cpu_snapshot(watch)
     result: dict[str, Any] = run()
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="py-spy the worker during the full-chunk run (not timed: it slows "
                    "the worker), raw stacks to this file, a summary to the JSON")
+    p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--out", type=Path, default=L.OUT)
     a = p.parse_args(argv)
     build_tool()
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         for chunks in (a.chunks, a.baseline_chunks):
             run = measured(f"gateway, {chunks} chunks", watch, lambda chunks=chunks: client(
                 gport, auth=f"Bearer {key}", model=L.GROUP, chunks=chunks, **common),
-                profile_to=a.profile if chunks == a.chunks else None)
+                profile_to=a.profile if chunks == a.chunks else None, profile_rate=a.profile_rate)
             time.sleep(2)  # the settler's last group commit
             spent.append(_find_budget(key_budget(url, key)))
             before, after = spent[-2], spent[-1]

@@ -10,6 +10,7 @@ import httpx
 import pytest
 import trio
 
+from triogate.providers import http1
 from triogate.providers import watchdog as watchdog_module
 from triogate.providers.http1 import UpstreamConnection
 from triogate.providers.watchdog import watchdog
@@ -96,3 +97,49 @@ async def test_closed_bodies_leave_the_heap(autojump_clock: MockClock) -> None:
     assert len(dog._heap) <= watchdog_module._PRUNE_SLACK + 1
     await trio.sleep(601)  # the rest are dropped when due
     assert dog._heap == []
+
+
+class _Pacer:
+    behind = False
+
+
+async def _extra_passes(conn: UpstreamConnection, peer: trio.socket.SocketType,
+                        monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The passes each of three reads that find bytes waiting yields before reading."""
+    watch = watchdog().watch(conn.fd, 5.0)
+    calls = 0
+    checkpoint = trio.lowlevel.checkpoint
+
+    async def counted() -> None:
+        nonlocal calls
+        calls += 1
+        await checkpoint()
+
+    passes = []
+    with monkeypatch.context() as patch:
+        patch.setattr(trio.lowlevel, "checkpoint", counted)
+        for _ in range(3):
+            await peer.send(b"x")
+            await trio.sleep(0.01)  # here before the read
+            before = calls
+            assert await conn.receive_watched(watch, None) == b"x"
+            passes.append(calls - before)
+    watchdog().unwatch(watch)
+    return passes
+
+
+async def test_a_read_behind_takes_one_more_pass_unless_the_pacer_holds_the_streams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read after one that found bytes waiting yields one more pass first (more may
+    arrive); not while the run's pacer holds streams between reads (that read follows a
+    window's wait already)."""
+    pacer = _Pacer()
+    http1.set_pacer(pacer)
+    conn, peer = _pair()
+    with peer:
+        assert await _extra_passes(conn, peer, monkeypatch) == [0, 1, 1]
+        pacer.behind = True
+        conn.behind = False
+        assert await _extra_passes(conn, peer, monkeypatch) == [0, 0, 0]
+        await conn.close()

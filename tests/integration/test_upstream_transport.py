@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -375,3 +376,34 @@ async def test_open_stream_sends_a_lean_post_and_bounds_each_wait(server) -> Non
     assert await response.aread() == b'{"error":"no"}'
     await response.aclose()
     assert transport.idle_connections() == 1
+
+
+async def _serve_on(nursery: trio.Nursery, host: str) -> int:
+    reply = functools.partial(_serve, lambda head: _fixed(b"ok"))
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, reply, 0, host=host))
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def test_ip_literal_and_named_hosts_connect_and_refusals_are_connect_errors(
+    nursery: trio.Nursery,
+) -> None:
+    """An IP literal host is connected to directly (one socket, no resolution or happy
+    eyeballs); a name still goes through trio's resolver; both give the same answers."""
+    port = await _serve_on(nursery, "127.0.0.1")
+    urls = [f"http://127.0.0.1:{port}/", f"http://localhost:{port}/"]
+    with contextlib.suppress(OSError):  # no IPv6 loopback on this host: left out
+        urls.append(f"http://[::1]:{await _serve_on(nursery, '::1')}/")
+    client, transport = _client()
+    async with client:
+        for url in urls:
+            response = await client.get(url)
+            assert (response.status_code, response.content) == (200, b"ok")
+            fast = await transport.open_stream(url, headers={}, content=b"{}", timeout_s=5)
+            assert (fast.status_code, await fast.aread()) == (200, b"ok")
+        with pytest.raises(httpx.ConnectError):
+            await client.get("http://127.0.0.1:1/")
+        with pytest.raises(httpx.ConnectError):
+            await transport.open_stream("http://[::1]:1/", headers={}, content=b"{}",
+                                        timeout_s=5)
+        assert transport._slots.value == transport.max_connections
+    assert transport.connections_opened == len(urls)

@@ -34,7 +34,9 @@ tick while streams are open, none while the worker has no stream.
 ``trio.sleep`` per hold would register a deadline scope each time (10-27 µs on the bench
 host, more than the wake-up it saves). A parked stream is cancelled as any waiting task
 is (client gone, shutdown); errors, the upstream read timeout (its clock runs while the
-stream reads, from the end of the hold), settlement and spend rows are unchanged.
+stream reads, from the end of the hold), settlement and spend rows are unchanged. The
+probe tells the run's upstream transport (``providers/http1.set_pacer``): a read that
+follows a hold skips the extra scheduler pass a read behind otherwise takes first.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from __future__ import annotations
 import math
 
 import trio
+
+from triogate.providers.http1 import set_pacer
 
 #: How often the probe looks at the run loop, and the hold's granularity (seconds).
 TICK_S = 0.005
@@ -92,6 +96,7 @@ class StreamPacer:
         release the held streams that are due. Never returns (cancelled with the app)."""
         if self.window_s <= 0:
             await trio.sleep_forever()
+        set_pacer(self)  # a held stream's next upstream read takes no extra pass
         was_late = False
         self._next_slot = math.floor(trio.current_time() / TICK_S)
         try:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 _DATA = b"data: "
 _EVENT = b"event: "
+_DATA_AT = len(_DATA)
 _DONE = b"[DONE]"
 _OBJECT_START = (b"{", "{")
 
@@ -229,8 +230,11 @@ class RawStream:
             self._decoded(self._decoder.feed(buf))
             return
         start = 0
-        data_at = self._data_at
         size = len(buf)
+        if self._encodes_as is None:  # chat: one scan per event (see _take_chat)
+            self._buffer = buf[self._take_chat(buf, size) :]
+            return
+        data_at = self._data_at
         while not self._ended:
             end = buf.find(b"\n\n", start)
             if end < 0:
@@ -243,6 +247,32 @@ class RawStream:
                 self._decoded(self._general.feed(buf[start : end + 2]))
             start = end + 2
         self._buffer = buf[start:]
+
+    def _take_chat(self, buf: bytes, size: int) -> int:
+        """``_take``'s loop for chat's framing; where the unread bytes start.
+
+        The usual event is one line, ``data: <json>``, and a blank line: the first LF
+        after its start is followed by another. One ``find`` answers both where the event
+        ends and whether it has the usual form (``ChatFraming.data_at`` and the search
+        for the blank line scanned it twice)."""
+        start = 0
+        while not self._ended:
+            line = buf.find(b"\n", start)
+            if line < 0:
+                break
+            if line + 1 < size and buf[line + 1] == 10 and buf.startswith(_DATA, start):
+                # One event per read is the usual case: its bytes are the read's, uncut.
+                wire = buf if start == 0 and line + 2 == size else buf[start : line + 2]
+                self._event(wire[_DATA_AT:-2], wire, _DATA_AT)
+                start = line + 2
+                continue
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            if end > start:
+                self._decoded(self._general.feed(buf[start : end + 2]))
+            start = end + 2
+        return start
 
     def _end(self) -> None:
         """The body ended: what is left is dispatched (an unterminated last event)."""

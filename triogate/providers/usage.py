@@ -30,6 +30,9 @@ class UsageTracker(Protocol):
     def check_complete(self) -> None: ...
 
 
+_NO_DELTA: Mapping[str, Any] = {}
+
+
 class ChatUsageTracker:
     """Usage of an OpenAI chat-completion chunk stream.
 
@@ -57,21 +60,26 @@ class ChatUsageTracker:
         """Record one chunk. Raises ProviderStatusError for an in-stream error object."""
         if "error" in event and "choices" not in event:
             raise ProviderStatusError(500, orjson.dumps(dict(event)))
-        reported = Usage.from_chat(event.get("usage"))
-        if reported is not None:
-            self._reported = reported
+        if (usage := event.get("usage")) is not None:  # one chunk of a stream, if any
+            reported = Usage.from_chat(usage)
+            if reported is not None:
+                self._reported = reported
         for choice in event.get("choices") or ():
-            delta = choice.get("delta") or {}
+            delta = choice.get("delta") or _NO_DELTA
             content = delta.get("content")
             if isinstance(content, str):
                 self._output_chars += len(content)
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                for key in ("name", "arguments"):
-                    if isinstance(function.get(key), str):
-                        self._output_chars += len(function[key])
+            if (calls := delta.get("tool_calls")) is not None:
+                self._count_calls(calls)
             if choice.get("finish_reason"):
                 self._finished = True
+
+    def _count_calls(self, calls: Any) -> None:
+        for call in calls or ():
+            function = call.get("function") or {}
+            for key in ("name", "arguments"):
+                if isinstance(function.get(key), str):
+                    self._output_chars += len(function[key])
 
     def check_complete(self) -> None:
         """Called at the end of the stream: it must have finished a choice (or reported)."""

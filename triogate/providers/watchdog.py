@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import final
+from typing import Protocol, final
 
 import trio
 
@@ -43,6 +43,20 @@ import trio
 _PRUNE_SLACK = 1024
 
 _INF = math.inf
+
+
+class Paced(Protocol):
+    """What a run's stream pacer (``api/pacing.py``) tells the upstream reads."""
+
+    #: Whether the streams wait a window between a client write and their next read.
+    behind: bool
+
+
+@final
+class _Unpaced:
+    """No pacer in this run: never behind."""
+
+    behind = False
 
 
 @final
@@ -57,11 +71,13 @@ class ReadWatch:
         fired: set by the watchdog when a wait outlasted ``timeout_s`` (the reader then
             raises a timeout, not a connection error).
         closed: set by :meth:`Watchdog.unwatch`; the watchdog drops the body.
+        dog: the run's watchdog (its :attr:`Watchdog.pacer`, read per read behind).
     """
 
-    __slots__ = ("closed", "fd", "fired", "timeout_s", "waiting_since")
+    __slots__ = ("closed", "dog", "fd", "fired", "timeout_s", "waiting_since")
 
-    def __init__(self, fd: int, timeout_s: float) -> None:
+    def __init__(self, dog: Watchdog, fd: int, timeout_s: float) -> None:
+        self.dog = dog
         self.fd = fd
         self.timeout_s = timeout_s
         self.waiting_since = _INF
@@ -80,10 +96,14 @@ class Watchdog:
         self._live = 0
         self._stale = 0  # closed watches still in the heap
         self._sleep = trio.CancelScope()  # its deadline: the heap's first due
+        #: The run's stream pacer (``http1.set_pacer``): while it holds the streams, a
+        #: read behind takes no extra scheduler pass (an attribute, not a RunVar lookup
+        #: per read: a RunVar's miss raises).
+        self.pacer: Paced = _Unpaced()
 
     def watch(self, fd: int, timeout_s: float) -> ReadWatch:
         """Register a body reading ``fd`` whose waits may last ``timeout_s`` each."""
-        watch = ReadWatch(fd, timeout_s)
+        watch = ReadWatch(self, fd, timeout_s)
         self._push(trio.current_time() + timeout_s, watch)
         self._live += 1
         return watch

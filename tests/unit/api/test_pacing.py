@@ -13,6 +13,7 @@ import trio
 import trio.lowlevel
 
 from triogate.api.pacing import TICK_S, StreamPacer
+from triogate.providers.watchdog import watchdog
 
 if TYPE_CHECKING:
     from trio.testing import MockClock
@@ -35,6 +36,7 @@ async def test_the_probe_sees_long_passes_and_a_hold_lasts_a_window() -> None:
         pacer.opened()
         await _busy(0.2)
         assert pacer.behind
+        assert watchdog().pacer is pacer  # the run's upstream reads know (http1.set_pacer)
         started = trio.current_time()
         await pacer.hold()
         held = trio.current_time() - started

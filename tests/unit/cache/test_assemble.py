@@ -131,6 +131,52 @@ def test_repeated_ids_and_names_in_tool_call_chunks_are_not_doubled() -> None:
     ]
 
 
+def choice_chunk(index: int, delta: dict[str, Any], finish: str | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    return {**BASE, **extra, "choices": [{"index": index, "delta": delta,
+                                          "finish_reason": finish, "logprobs": None}]}
+
+
+def test_content_pieces_of_interleaved_choices_join_in_order_around_other_deltas() -> None:
+    # Content alone (the fast path), content after a null, a refusal and a tool call
+    # between pieces, two choices interleaved, head fields first named late.
+    events = [
+        choice_chunk(0, {"role": "assistant", "content": None}),
+        choice_chunk(1, {"role": "assistant"}),
+        choice_chunk(0, {"content": "He"}),
+        choice_chunk(1, {"content": "Bon"}),
+        choice_chunk(0, {"content": "llo"}),
+        choice_chunk(1, {"refusal": "no"}, system_fingerprint="fp_1"),
+        choice_chunk(1, {"content": "jour"}),
+        choice_chunk(0, call(0, id="call_1", type="function",
+                             function={"name": "f", "arguments": "{}"})),
+        choice_chunk(0, {"content": " world"}, service_tier="default"),
+        choice_chunk(0, {"content": ""}),
+        choice_chunk(1, {}, "stop"),
+        choice_chunk(0, {}, "tool_calls"),
+        {**BASE, "choices": [], "usage": USAGE.to_chat()},
+    ]
+    body = assemble("chat", events)
+    assert body is not None
+    first, second = (c["message"] for c in body["choices"])
+    assert first == {"role": "assistant", "content": "Hello world", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    assert list(first) == ["role", "content", "tool_calls"]
+    assert second == {"role": "assistant", "content": "Bonjour", "refusal": "no"}
+    assert (body["system_fingerprint"], body["service_tier"]) == ("fp_1", "default")
+    # (the SDK takes the head fields from the first chunk only)
+    assert comparable(body)["choices"] == comparable(sdk_final("chat", events))["choices"]
+    assert assemble("chat", replay("chat", body)) == body
+
+
+def test_a_content_piece_before_the_role_is_kept() -> None:
+    events = [chunk({"content": "a"}), chunk({"content": "b"}), chunk({"role": "assistant"}),
+              chunk({"content": "c"}), chunk({}, "stop")]
+    body = assemble("chat", events)
+    assert body is not None
+    assert body["choices"][0]["message"] == {"content": "abc", "role": "assistant"}
+
+
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 async def test_a_streamed_mock_answer_assembles_into_the_non_streamed_one(
     api: str, autojump_clock: MockClock
