@@ -19,10 +19,15 @@ if TYPE_CHECKING:
     from trio.testing import MockClock
 
 
-async def _busy(seconds: float) -> None:
-    """Keep the run loop from running anything else for ``seconds`` (a long pass)."""
+async def _busy(seconds: float, *, until: StreamPacer | None = None) -> None:
+    """Keep the run loop from running anything else for ``seconds`` (a long pass), or,
+    with ``until``, until that pacer is behind (at most ``seconds``).
+
+    Passes of 20 ms with a checkpoint between: the probe sees each late wake-up only when
+    it runs, and trio may run it after the next pass in the same batch, so a fixed number
+    of passes can leave it one wake-up short (that made these tests fail now and then)."""
     end = time.monotonic() + seconds
-    while (now := time.monotonic()) < end:
+    while (now := time.monotonic()) < end and not (until is not None and until.behind):
         step_end = now + 0.02  # one step of 20 ms of CPU work: four ticks
         while time.monotonic() < step_end:
             pass
@@ -34,7 +39,7 @@ async def test_the_probe_sees_long_passes_and_a_hold_lasts_a_window() -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pacer.run)
         pacer.opened()
-        await _busy(0.2)
+        await _busy(2.0, until=pacer)
         assert pacer.behind
         assert watchdog().pacer is pacer  # the run's upstream reads know (http1.set_pacer)
         started = trio.current_time()
@@ -80,7 +85,7 @@ async def test_the_probe_sleeps_while_no_stream_is_open() -> None:
         await _busy(0.1)
         assert not pacer.behind  # not probing: nothing to hold
         pacer.opened()
-        await _busy(0.1)
+        await _busy(2.0, until=pacer)
         assert pacer.behind
         pacer.closed()
         nursery.cancel_scope.cancel()
