@@ -711,27 +711,15 @@ def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
 
 
 def _with_litellm_redis(file: ConfigFile, environ: Mapping[str, str]) -> ConfigFile:
-    """Fill ``triogate.redis.url`` from LiteLLM's Redis settings when it is not set.
-
-    In order: ``router_settings.redis_url``, ``router_settings.redis_host/port/password``,
-    ``cache_params.url|redis_url``, ``cache_params.host/port/password``, then the
-    ``REDIS_URL`` or ``REDIS_HOST``/``REDIS_PORT``/``REDIS_PASSWORD`` environment.
-    """
+    """Fill ``triogate.redis.url`` from LiteLLM's Redis settings when it is not set
+    (:func:`config_litellm.redis_url_from`)."""
     if file.triogate.redis.url:
         return file
     rs, cp = file.router_settings, file.litellm_settings.cache_params
-    first = config_litellm.first
-    url = first(rs.redis_url, cp.url, cp.redis_url) or config_litellm.redis_url(
-        url=None,
-        host=first(rs.redis_host, cp.host),
-        port=first(rs.redis_port, cp.port, environ.get("REDIS_PORT")),
-        password=first(rs.redis_password, cp.password, environ.get("REDIS_PASSWORD")),
-    ) or environ.get("REDIS_URL") or config_litellm.redis_url(
-        url=None,
-        host=environ.get("REDIS_HOST"),
-        port=environ.get("REDIS_PORT"),
-        password=environ.get("REDIS_PASSWORD"),
-    )
+    url = config_litellm.redis_url_from(
+        urls=(rs.redis_url, cp.url, cp.redis_url), hosts=(rs.redis_host, cp.host),
+        ports=(rs.redis_port, cp.port), passwords=(rs.redis_password, cp.password),
+        environ=environ)
     if not url:
         return file
     redis = attrs.evolve(file.triogate.redis, url=url)

@@ -68,6 +68,26 @@ def first(*values: Any) -> Any:
     return next((v for v in values if v not in (None, "")), None)
 
 
+def redis_url_from(
+    *, urls: Iterable[str | None], hosts: Iterable[str | None],
+    ports: Iterable[int | str | None], passwords: Iterable[str | None],
+    environ: Mapping[str, str],
+) -> str | None:
+    """Where LiteLLM's settings put Redis, in order: a URL (``router_settings.redis_url``,
+    ``cache_params.url|redis_url``), then host/port/password (``router_settings``, then
+    ``cache_params``; the port and password may come from ``REDIS_PORT`` and
+    ``REDIS_PASSWORD``), then the ``REDIS_URL`` or ``REDIS_HOST``/``REDIS_PORT``/
+    ``REDIS_PASSWORD`` environment. None when none of them names a server."""
+    return first(*urls) or redis_url(
+        url=None, host=first(*hosts),
+        port=first(*ports, environ.get("REDIS_PORT")),
+        password=first(*passwords, environ.get("REDIS_PASSWORD")),
+    ) or environ.get("REDIS_URL") or redis_url(
+        url=None, host=environ.get("REDIS_HOST"), port=environ.get("REDIS_PORT"),
+        password=environ.get("REDIS_PASSWORD"),
+    )
+
+
 def callbacks(sources: Mapping[str, Iterable[str] | str]) -> frozenset[str]:
     """The built-in callbacks named under ``litellm_settings`` (path → names).
 
