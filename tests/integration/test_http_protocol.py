@@ -160,7 +160,8 @@ async def test_a_request_without_one_host_is_400_and_never_runs(
                     # the second of two pipelined requests: the first is still answered
                     b"GET /ok HTTP/1.1\r\nhost: a\r\n\r\nGET /ok HTTP/1.1\r\n\r\n"):
             answer = await exchange(port, bad)
-            assert_error(answer[answer.rfind(b"HTTP/1.1 "):], 400)
+            assert_error(answer[answer.rfind(b"HTTP/1.1 400 "):], 400)
+            assert b"Host header" in answer  # says what was wrong
             assert answer.count(b"GET /ok") == bad.count(b"host: a\r\n\r\n")
         answer = await exchange(port, b"GET /ok HTTP/1.0\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"GET /ok  ")

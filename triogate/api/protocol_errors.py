@@ -22,14 +22,16 @@ _MESSAGES = {
 }
 
 
-def body_for(status: int) -> bytes:
-    """The OpenAI-shaped error body for a protocol-level ``status``."""
+def body_for(status: int, reason: str | None = None) -> bytes:
+    """The OpenAI-shaped error body for a protocol-level ``status`` (``reason``: what
+    the server found wrong, when it says)."""
     kind = "api_error" if status >= 500 else "invalid_request_error"
-    return render(ApiError(status, _MESSAGES.get(status, "the HTTP request was refused"),
-                           kind), "openai")
+    message = reason or _MESSAGES.get(status, "the HTTP request was refused")
+    return render(ApiError(status, message, kind), "openai")
 
 
-def error_body(status: int) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+def error_body(status: int, reason: str | None = None
+               ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """Body and headers of the server's own answer to a protocol error (``status``)."""
-    return body_for(status), [(b"content-type", b"application/json"),
-                              (b"x-request-id", uuid.uuid4().hex.encode())]
+    return body_for(status, reason), [(b"content-type", b"application/json"),
+                                      (b"x-request-id", uuid.uuid4().hex.encode())]

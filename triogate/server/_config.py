@@ -10,12 +10,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     #: ``status -> (body, headers)``: what a protocol error (400, 408, 431, 500, 501) carries.
-    ErrorBody = Callable[[int], tuple[bytes, list[tuple[bytes, bytes]]]]
+    ErrorBody = Callable[[int, str | None], tuple[bytes, list[tuple[bytes, bytes]]]]
 
 
-def plain_error(status: int) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    """A protocol error as one line of text (applications pass their own shape)."""
-    return b"%d\n" % status, [(b"content-type", b"text/plain; charset=utf-8")]
+def plain_error(status: int, reason: str | None = None
+                ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A protocol error as one line of text, with what it was when the server knows
+    (applications pass their own shape)."""
+    line = b"%d %b\n" % (status, reason.encode()) if reason else b"%d\n" % status
+    return line, [(b"content-type", b"text/plain; charset=utf-8")]
 
 
 @attrs.frozen(kw_only=True)
@@ -35,7 +38,8 @@ class ServerConfig:
     connections open at once (``None``: no bound); at the bound an idle kept-alive
     connection is closed to make room, and with none idle new clients wait in the listen
     queue until one closes. ``error_body``: the body and headers of the server's own
-    error answers.
+    error answers, given the status and what the error was (None: the status's own
+    message).
     """
 
     keep_alive_s: float = 75.0

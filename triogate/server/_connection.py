@@ -106,6 +106,8 @@ class Connection(Idle):
         self._parsing: _Message | None = None
         #: Status of a protocol error met while parsing (400, 431, 501); answered in turn.
         self._error = 0
+        #: What that error was, for its answer (None: the status's own message).
+        self._reason: str | None = None
         #: Nothing more is parsed: after CONNECT, or after a request that ends the connection.
         self._ignore_rest = False
         #: The upgrade request whose body a fresh parser is about to read.
@@ -192,11 +194,13 @@ class Connection(Idle):
         elif message.hosts > 1 or (message.hosts == 0 and message.version == "1.1"):
             # RFC 9112 3.2: an HTTP/1.1 request without ``host``, or any with two, is 400
             # (two could name different hosts to a front proxy and to us).
-            self._refuse(message, 400)
+            self._refuse(message, 400, "an HTTP/1.1 request needs exactly one Host header"
+                         if message.hosts < 2 else "more than one Host header")
 
-    def _refuse(self, message: _Message, status: int) -> None:
+    def _refuse(self, message: _Message, status: int, reason: str | None = None) -> None:
         """``message`` is not served: ``status`` is answered in its turn, then the close."""
-        self._error = self._error or status
+        if not self._error:
+            self._error, self._reason = status, reason
         if message is not self._msg and message in self._queue:
             self._queue.remove(message)
 
@@ -359,7 +363,7 @@ class Connection(Idle):
         if self._broken:
             return
         if self._error:
-            await self._answer_error(self._error)
+            await self._answer_error(self._error, self._reason)
         if self._error in (400, 431, 501) or self._unread:
             await self._linger()
 
@@ -473,7 +477,7 @@ class Connection(Idle):
             self._unread = self._status_error != 408
             # A parse error met in that unread body: the app's answer stands; a second
             # answer (400) would read as the answer to the client's next request.
-            self._error = 0
+            self._error, self._reason = 0, None
         if self._status_error:
             self._keep = False
 
@@ -530,7 +534,7 @@ class Connection(Idle):
         server answers ``status`` if the app answers nothing."""
         self._status_error = status
         if status == self._error:
-            self._error = 0  # answered after the app, not again when the connection ends
+            self._error, self._reason = 0, None  # answered after the app, not again at the end
         self._keep = False
         self._eof = True
         return _DISCONNECT
@@ -632,9 +636,9 @@ class Connection(Idle):
             extra += b"connection: close\r\n"
         return _head.encode_head(status, lines, extra)
 
-    async def _answer_error(self, status: int) -> None:
+    async def _answer_error(self, status: int, reason: str | None = None) -> None:
         """The server's own answer (400, 408, 431, 500, 501): it ends the connection."""
-        body, headers = self.config.error_body(status)
+        body, headers = self.config.error_body(status, reason)
         self._keep = False
         lines = [b"%b: %b\r\n" % (k, v) for k, v in headers]
         extra = self._date() + b"content-length: %d\r\nconnection: close\r\n" % len(body)
