@@ -75,9 +75,9 @@ async def test_bytes_that_arrive_as_it_fires_win(autojump_clock: MockClock) -> N
     with peer:
         dog = watchdog()
         watch = dog.watch(conn.fd, 5.0)
-        watch.waiting_since = trio.current_time()
+        watch.since = trio.current_time()
         dog._expire(trio.current_time() + 5.0)  # what the watchdog does when due
-        watch.waiting_since = float("inf")
+        watch.since = float("inf")
         assert watch.fired
         await peer.send(b"late")
         assert await conn.receive_watched(watch, None) == b"late"

@@ -38,7 +38,7 @@ async def test_idle_connections_close_at_exactly_the_keep_alive(
         nursery.start_soon(idle_until_cancelled, busy, closed)
         await trio.sleep(3)
         nursery.start_soon(idle_until_cancelled, late, closed)
-        ended.ended = True
+        ended.closed = True
         ended.since = 0.0  # idle "for ever", but closed: left alone
         await trio.sleep(10)
         assert closed == [start + 5.0, start + 8.0]

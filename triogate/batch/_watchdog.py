@@ -9,7 +9,8 @@ socket, so the bound is kept as ``triogate/providers/watchdog.py`` keeps upstrea
 timeouts: a connection is registered once, when it opens (:meth:`Watchdog.watch`), and a
 pipeline only stamps :attr:`Watched.since` (the moment its ``execute`` began: the bound
 covers the whole call, as the scope's did) and clears it when done. One task per trio run
-keeps the watched connections in a heap by the earliest moment each could time out:
+keeps the watched connections in a heap by the earliest moment each could time out
+(``triogate/_watch.py``, the mechanism the three watchdogs share):
 
 * busy since ``since`` and ``since + timeout_s`` has passed: it fires
   (:attr:`Watched.fired`, then ``trio.lowlevel.notify_closing`` on the socket, which wakes
@@ -33,17 +34,15 @@ and flags and calls ``notify_closing``.
 
 from __future__ import annotations
 
-import heapq
-import math
 from typing import final
 
 import trio
 
-_INF = math.inf
+from triogate import _watch
 
 
-class Watched:
-    """What the watchdog reads and writes on a connection (``_resp._Connection``).
+class Watched(_watch.Watched):
+    """A connection as the watchdog sees it (``_resp._Connection``).
 
     Attributes:
         fd: the socket (what firing wakes).
@@ -53,63 +52,31 @@ class Watched:
         closed: the connection is closed (or fired): the watchdog forgets it.
     """
 
-    __slots__ = ("closed", "fd", "fired", "since", "timeout_s")
+    __slots__ = ("fd", "fired")
 
     def __init__(self, fd: int, timeout_s: float) -> None:
+        super().__init__(timeout_s)
         self.fd = fd
-        self.timeout_s = timeout_s
-        self.since = _INF
         self.fired = False
-        self.closed = False
 
 
 @final
-class Watchdog:
-    """Times out the pipelines of every connection registered with it (see the module)."""
-
-    def __init__(self) -> None:
-        # (due, sequence, watched): when to look at a connection next. Closed ones leave
-        # when due (at most a timeout later), so the heap holds the open connections and
-        # those closed within the last timeout.
-        self._heap: list[tuple[float, int, Watched]] = []
-        self._seq = 0
-        self._sleep = trio.CancelScope()  # its deadline: the heap's first due
+class Watchdog(_watch.Watchdog[Watched]):
+    """Times out the pipelines of every connection registered with it (see the module).
+    Closed connections leave when due (at most a timeout later)."""
 
     def watch(self, watched: Watched) -> None:
         """Watch a connection from now on (it is idle: ``since`` is ``inf``)."""
+        self._push(self._next_look(watched, trio.current_time()), watched)
+
+    def _next_look(self, watched: Watched, now: float) -> float:
+        # Early, never late: a pipeline that begins now expires at now + timeout.
         grid = watched.timeout_s / 4
-        self._push((trio.current_time() + watched.timeout_s) // grid * grid, watched)
+        return (now + watched.timeout_s) // grid * grid
 
-    def _push(self, due: float, watched: Watched) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (due, self._seq, watched))
-        if due < self._sleep.deadline:
-            self._sleep.deadline = due
-
-    async def run(self) -> None:
-        """Sleep until the first due connection, look at the due ones; for ever."""
-        while True:
-            self._sleep = trio.CancelScope(deadline=self._heap[0][0] if self._heap else _INF)
-            with self._sleep:
-                await trio.sleep_forever()
-            self._expire(trio.current_time())
-
-    def _expire(self, now: float) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, _, watched = heapq.heappop(heap)
-            if watched.closed:
-                continue
-            since = watched.since
-            if since == _INF:
-                # Early, never late: a pipeline that begins now expires at now + timeout.
-                grid = watched.timeout_s / 4
-                self._push((now + watched.timeout_s) // grid * grid, watched)
-            elif since + watched.timeout_s > now:
-                self._push(since + watched.timeout_s, watched)
-            else:
-                watched.fired = watched.closed = True
-                trio.lowlevel.notify_closing(watched.fd)
+    def _fire(self, watched: Watched) -> None:
+        watched.fired = True
+        trio.lowlevel.notify_closing(watched.fd)
 
 
 _WATCHDOG: trio.lowlevel.RunVar[Watchdog] = trio.lowlevel.RunVar("triogate_redis_watchdog")

@@ -98,7 +98,7 @@ class UpstreamConnection:
     async def receive_watched(self, watch: ReadWatch, request: httpx.Request | None) -> bytes:
         """:meth:`receive` for a body's reads, its timeout kept by the run's
         :mod:`.watchdog` instead of a deadline scope per read: a wait stamps
-        ``watch.waiting_since`` and clears it (one clock read); a wait the watchdog ends
+        ``watch.since`` and clears it (one clock read); a wait the watchdog ends
         raises ``httpx.ReadTimeout``, as the scope's expiry did. Always a checkpoint."""
         try:
             if self.plain:
@@ -116,7 +116,7 @@ class UpstreamConnection:
                     data = os.read(fd, READ_SIZE)
                 except BlockingIOError:
                     self.behind = False
-                    watch.waiting_since = trio.current_time()
+                    watch.since = trio.current_time()
                     try:
                         while True:  # _wait_read inlined: a coroutine frame less per wakeup
                             await trio.lowlevel.wait_readable(fd)
@@ -126,16 +126,16 @@ class UpstreamConnection:
                                 continue
                             break
                     finally:
-                        watch.waiting_since = _INF
+                        watch.since = _INF
                 else:
                     self.behind = True
                     await trio.lowlevel.cancel_shielded_checkpoint()
             else:
-                watch.waiting_since = trio.current_time()
+                watch.since = trio.current_time()
                 try:
                     data = bytes(await self.stream.receive_some(READ_SIZE))
                 finally:
-                    watch.waiting_since = _INF
+                    watch.since = _INF
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             if watch.fired:
                 raise httpx.ReadTimeout("upstream read timed out", request=request) from None

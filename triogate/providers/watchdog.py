@@ -4,10 +4,10 @@ A streamed body waits on its upstream once per chunk. Bounding each wait with it
 ``trio.CancelScope(deadline=...)`` cost more than the chunk's own work (entering and
 leaving a scope is dozens of Python calls in Trio, and registers a deadline each time),
 and the timeout almost never fires. Here a body registers once (:meth:`Watchdog.watch`),
-and each wait costs one clock read: the reader stamps :attr:`ReadWatch.waiting_since`
+and each wait costs one clock read: the reader stamps :attr:`ReadWatch.since`
 before it waits and clears it after. One task per trio run (:func:`watchdog`) keeps the
 registered bodies in a heap by the earliest moment each could time out, and looks at a
-body only then:
+body only then (``triogate/_watch.py``, the mechanism the three watchdogs share):
 
 * the body is waiting, and has been for its whole timeout: it fires
   (:attr:`ReadWatch.fired`, then ``trio.lowlevel.notify_closing`` on the socket, which
@@ -31,10 +31,11 @@ task's exception would crash the run); it only reads clocks and flags and calls
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Protocol, final
 
 import trio
+
+from triogate import _watch
 
 #: Pruning threshold: closed bodies' heap entries are dropped once they outnumber the
 #: live ones by this many (a closed body otherwise stays in the heap until it is due,
@@ -42,7 +43,6 @@ import trio
 #: hundreds of thousands of entries).
 _PRUNE_SLACK = 1024
 
-_INF = math.inf
 
 
 class Paced(Protocol):
@@ -60,42 +60,37 @@ class _Unpaced:
 
 
 @final
-class ReadWatch:
+class ReadWatch(_watch.Watched):
     """One body's read timeout, as the watchdog sees it.
 
     Attributes:
         fd: the socket the body reads (what firing wakes).
         timeout_s: how long one wait may last (seconds).
-        waiting_since: trio time at which the current wait began; ``inf`` when not
-            waiting. The reader sets and clears it around each wait.
+        since: trio time at which the current wait began; ``inf`` when not waiting. The
+            reader sets and clears it around each wait.
         fired: set by the watchdog when a wait outlasted ``timeout_s`` (the reader then
             raises a timeout, not a connection error).
         closed: set by :meth:`Watchdog.unwatch`; the watchdog drops the body.
         dog: the run's watchdog (its :attr:`Watchdog.pacer`, read per read behind).
     """
 
-    __slots__ = ("closed", "dog", "fd", "fired", "timeout_s", "waiting_since")
+    __slots__ = ("dog", "fd", "fired")
 
     def __init__(self, dog: Watchdog, fd: int, timeout_s: float) -> None:
+        super().__init__(timeout_s)
         self.dog = dog
         self.fd = fd
-        self.timeout_s = timeout_s
-        self.waiting_since = _INF
         self.fired = False
-        self.closed = False
 
 
 @final
-class Watchdog:
+class Watchdog(_watch.Watchdog[ReadWatch]):
     """Times out the waits of every body registered with it (see the module)."""
 
     def __init__(self) -> None:
-        # (due, sequence, watch): due is when the watch must be looked at next.
-        self._heap: list[tuple[float, int, ReadWatch]] = []
-        self._seq = 0
+        super().__init__()
         self._live = 0
         self._stale = 0  # closed watches still in the heap
-        self._sleep = trio.CancelScope()  # its deadline: the heap's first due
         #: The run's stream pacer (``http1.set_pacer``): while it holds the streams, a
         #: read behind takes no extra scheduler pass (an attribute, not a RunVar lookup
         #: per read: a RunVar's miss raises).
@@ -128,37 +123,14 @@ class Watchdog:
             heapq.heapify(self._heap)
             self._stale = 0
 
-    def _push(self, due: float, watch: ReadWatch) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (due, self._seq, watch))
-        if due < self._sleep.deadline:
-            self._sleep.deadline = due
+    def _dropped(self, watched: ReadWatch) -> None:
+        self._stale -= 1
 
-    async def run(self) -> None:
-        """Sleep until the first due watch, look at the due ones; for ever."""
-        while True:
-            self._sleep = trio.CancelScope(deadline=self._heap[0][0] if self._heap else _INF)
-            with self._sleep:
-                await trio.sleep_forever()
-            self._expire(trio.current_time())
-
-    def _expire(self, now: float) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, _, watch = heapq.heappop(heap)
-            if watch.closed:
-                self._stale -= 1
-                continue
-            since = watch.waiting_since
-            if since == _INF:
-                self._push(now + watch.timeout_s, watch)
-            elif since + watch.timeout_s > now:
-                self._push(since + watch.timeout_s, watch)
-            else:
-                watch.fired = True
-                self._live -= 1
-                watch.closed = True  # the body closes its connection after the timeout
-                trio.lowlevel.notify_closing(watch.fd)
+    def _fire(self, watched: ReadWatch) -> None:
+        # The body closes its connection after the timeout (``closed`` is set).
+        watched.fired = True
+        self._live -= 1
+        trio.lowlevel.notify_closing(watched.fd)
 
 
 _WATCHDOG: trio.lowlevel.RunVar[Watchdog] = trio.lowlevel.RunVar("triogate_read_watchdog")

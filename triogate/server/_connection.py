@@ -90,7 +90,7 @@ class Connection(Idle):
 
     def __init__(self, sock: socket.socket, app: App, config: ServerConfig,
                  server: tuple[str, int] | None, date: _head.CachedDate) -> None:
-        super().__init__()  # ``since``, ``ended`` and ``timer``, for the keep-alive watchdog
+        super().__init__()  # ``since``, ``closed`` and ``timer``, for the keep-alive watchdog
         self.sock = sock
         self.app = app
         self.config = config

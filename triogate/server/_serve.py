@@ -136,7 +136,7 @@ class _Server:
         except Exception:  # a bug here must cost one connection, never the server
             logger.exception("connection failed")
         finally:
-            conn.ended = True
+            conn.closed = True
             self.open -= 1
             self.connections.discard(conn)
             sock.close()
