@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import hiredis
@@ -19,6 +20,7 @@ from triogate.batch import BackendUnavailable, RespBackend
 from triogate.batch._resp import _Connection
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
     from trio.testing import MockClock
@@ -62,22 +64,29 @@ class ScriptedServer:
                 await stream.send_all(b"+OK\r\n" * count)
 
 
-async def start(nursery: trio.Nursery, tmp_path: Path) -> tuple[ScriptedServer, str]:
+@asynccontextmanager
+async def served(tmp_path: Path, **backend: float) -> AsyncIterator[
+        tuple[ScriptedServer, RespBackend]]:
+    """A scripted server on a unix socket and a client of it (closed after the block)."""
     path = str(tmp_path / "resp.sock")
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     await sock.bind(path)
     sock.listen()
     server = ScriptedServer()
-    nursery.start_soon(server.serve, trio.SocketListener(sock))
-    return server, f"unix://{path}"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, trio.SocketListener(sock))
+        client = RespBackend(f"unix://{path}", **backend)  # type: ignore[arg-type]
+        try:
+            yield server, client
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_pooled_pipeline_fails_at_exactly_the_timeout(
     autojump_clock: MockClock, tmp_path: Path
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        server, url = await start(nursery, tmp_path)
-        backend = RespBackend(url, pool_size=4, command_timeout_s=2.0)
+    async with served(tmp_path, pool_size=4, command_timeout_s=2.0) as (server, backend):
         assert await backend.execute([("PING",)]) == [b"OK"]  # a pooled connection
         await trio.sleep(7.3)  # idle through several of the watchdog's looks: no harm
         assert await backend.execute([("PING",)]) == [b"OK"]
@@ -91,16 +100,12 @@ async def test_a_pooled_pipeline_fails_at_exactly_the_timeout(
         server.silent = False  # a new connection serves the next pipeline
         assert await backend.execute([("PING",)]) == [b"OK"]
         assert server.connections == 2
-        await backend.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_pipeline_waiting_for_a_slot_is_bounded_from_its_start(
     autojump_clock: MockClock, tmp_path: Path
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        server, url = await start(nursery, tmp_path)
-        backend = RespBackend(url, pool_size=1, command_timeout_s=2.0)
+    async with served(tmp_path, pool_size=1, command_timeout_s=2.0) as (server, backend):
         assert await backend.execute([("PING",)]) == [b"OK"]
         server.silent = True
         started = trio.current_time()
@@ -116,24 +121,18 @@ async def test_a_pipeline_waiting_for_a_slot_is_bounded_from_its_start(
             inner.start_soon(one)  # waits for the slot, then connects: under a scope
         assert ended == [pytest.approx(2.0), pytest.approx(2.0)]
         assert backend.statistics().connections_open == 0
-        await backend.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_slow_reply_within_the_bound_keeps_its_connection(
     autojump_clock: MockClock, tmp_path: Path
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        server, url = await start(nursery, tmp_path)
-        backend = RespBackend(url, pool_size=2, command_timeout_s=2.0)
+    async with served(tmp_path, pool_size=2, command_timeout_s=2.0) as (server, backend):
         assert await backend.execute([("PING",)]) == [b"OK"]
         server.delay_s = 1.9
         for _ in range(5):  # each began after the last: each has its own 2 s
             assert await backend.execute([("PING",)]) == [b"OK"]
         stats = backend.statistics()
         assert (stats.failures, stats.connections_open, server.connections) == (0, 1, 1)
-        await backend.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_idle_connection_looks_closed_on_eof_or_unasked_bytes() -> None:
@@ -152,14 +151,10 @@ async def test_an_idle_connection_looks_closed_on_eof_or_unasked_bytes() -> None
 
 
 async def test_a_zero_bound_fails_every_pipeline_at_once(tmp_path: Path) -> None:
-    async with trio.open_nursery() as nursery:
-        _, url = await start(nursery, tmp_path)
-        backend = RespBackend(url, command_timeout_s=0)
+    async with served(tmp_path, command_timeout_s=0) as (_, backend):
         for _ in range(2):
             with trio.fail_after(5), pytest.raises(BackendUnavailable, match="no reply"):
                 await backend.execute([("PING",)])
-        await backend.aclose()
-        nursery.cancel_scope.cancel()
 
 
 def test_a_pool_reused_in_another_trio_run_is_still_bounded(tmp_path: Path) -> None:
@@ -204,9 +199,7 @@ async def test_a_pipeline_the_server_does_not_read_fails_at_the_timeout(
     autojump_clock: MockClock, tmp_path: Path
 ) -> None:
     # Larger than the socket buffers: the write itself waits, under the watchdog too.
-    async with trio.open_nursery() as nursery:
-        server, url = await start(nursery, tmp_path)
-        backend = RespBackend(url, pool_size=1, command_timeout_s=2.0)
+    async with served(tmp_path, pool_size=1, command_timeout_s=2.0) as (server, backend):
         assert await backend.execute([("PING",)]) == [b"OK"]
         server.reading = False
         started = trio.current_time()
@@ -216,5 +209,3 @@ async def test_a_pipeline_the_server_does_not_read_fails_at_the_timeout(
         assert backend.statistics().connections_open == 0
         server.reading = True
         assert await backend.execute([("PING",)]) == [b"OK"]
-        await backend.aclose()
-        nursery.cancel_scope.cancel()
