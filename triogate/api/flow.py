@@ -127,10 +127,8 @@ async def _from_cache(services: Services, call: Call, admitted: Admission) -> Re
     assert cached is not None
     outcome = settlement.cache_hit(cached.usage)
     if not call.stream:  # written first, then settled (SettledAfter)
-        response = SettledAfter(orjson.dumps(cached.body), response_headers(
+        return SettledAfter(orjson.dumps(cached.body), response_headers(
             services, call, admitted), services, call, admitted, outcome)
-        admitted.handed_off = True
-        return response
     await settlement.settle(services, call, admitted, outcome=outcome)
     headers = response_headers(services, call, admitted)
     events = replay(call.api, cached.body)
@@ -169,10 +167,8 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
     headers = response_headers(services, call, admitted, deployment=result.deployment,
                                cost_nanousd=settlement.cost_nanousd(outcome))
-    response = SettledAfter(orjson.dumps(completion.body), headers, services, call, admitted,
-                            outcome)
-    admitted.handed_off = True  # ``response.send`` settles, and it always runs
-    return response
+    return SettledAfter(orjson.dumps(completion.body), headers, services, call, admitted,
+                        outcome)
 
 
 class SettledAfter(Response):
@@ -191,6 +187,7 @@ class SettledAfter(Response):
                  admitted: Admission, outcome: settlement.Outcome) -> None:
         super().__init__(body, headers=headers)
         self._settle = (services, call, admitted, outcome)
+        admitted.handed_off = True  # ``send`` settles, and it always runs
 
     async def send(self, send: Send, receive: Receive, *, head: bool = False) -> None:
         try:
