@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 INF = math.inf
 
@@ -103,3 +106,21 @@ class Watchdog(Generic[W]):
     def _fire(self, watched: W) -> None:
         """A wait outlived its timeout (``watched.closed`` is already set)."""
         raise NotImplementedError
+
+
+D = TypeVar("D", bound="Watchdog[Any]")
+
+
+def per_run(var: trio.lowlevel.RunVar[D], make: Callable[[], D], name: str) -> D:
+    """This run's watchdog kept in ``var``, made and started as a system task on first
+    use (not a checkpoint). A system task, the one per-run service trio offers: the users
+    have no nursery of their own (a backend or a transport is built outside any), and a
+    watchdog lives as long as the run. It never raises (a system task's exception would
+    crash the run)."""
+    try:
+        return var.get()
+    except LookupError:
+        dog = make()
+        var.set(dog)
+        trio.lowlevel.spawn_system_task(dog.run, name=name)
+        return dog

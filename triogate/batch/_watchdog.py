@@ -93,10 +93,4 @@ def current() -> Watchdog | None:
 
 def watchdog() -> Watchdog:
     """This run's watchdog, started on first use (not a checkpoint)."""
-    try:
-        return _WATCHDOG.get()
-    except LookupError:
-        dog = Watchdog()
-        _WATCHDOG.set(dog)
-        trio.lowlevel.spawn_system_task(dog.run, name="triogate redis pipeline watchdog")
-        return dog
+    return _watch.per_run(_WATCHDOG, Watchdog, "triogate redis pipeline watchdog")

@@ -138,10 +138,4 @@ _WATCHDOG: trio.lowlevel.RunVar[Watchdog] = trio.lowlevel.RunVar("triogate_read_
 
 def watchdog() -> Watchdog:
     """This run's watchdog, started on first use (not a checkpoint)."""
-    try:
-        return _WATCHDOG.get()
-    except LookupError:
-        dog = Watchdog()
-        _WATCHDOG.set(dog)
-        trio.lowlevel.spawn_system_task(dog.run, name="triogate upstream read watchdog")
-        return dog
+    return _watch.per_run(_WATCHDOG, Watchdog, "triogate upstream read watchdog")
