@@ -197,7 +197,7 @@ async def admit(services: Services, call: Call) -> Admission:
         if use_cache:
             cached = await scope.run_inline(_finish_cache, services, declared_cache,
                                             name="cache")
-    waits = scope.statistics().rounds  # the alias lookup's rounds included
+    waits = scope.rounds  # the alias lookup's rounds included
     services.metrics.redis_waits_child("before").observe(waits)
     try:
         identity_or_rejection = who.result()

@@ -108,7 +108,7 @@ async def authenticate_only(services: Services, request: Request, *,
         who = await scope.run_inline(resolve, services, scope.batch, request, None, None,
                                      name="auth")
     if trace_id:
-        request.waits_before_admission += scope.statistics().rounds
+        request.waits_before_admission += scope.rounds
     result = who.result()
     if isinstance(result, Rejected):
         raise ApiError(result.status, result.message, result.error_type, code=result.reason)

@@ -307,6 +307,12 @@ class BatchScope:
         for waiter in waiters:
             self._wake(waiter, outcome.Value(None))
 
+    @property
+    def rounds(self) -> int:
+        """Rounds (waits) this scope has sent so far: ``statistics().rounds`` without
+        building the record (read once per request)."""
+        return self._rounds
+
     def statistics(self) -> BatchStatistics:
         """Counters of this scope (sync, cheap)."""
         return BatchStatistics(
