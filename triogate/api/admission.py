@@ -203,11 +203,11 @@ async def admit(services: Services, call: Call) -> Admission:
         identity_or_rejection = who.result()
     except StoreError as exc:
         logger.error("identity lookup failed: %s", exc)
-        await _undo(services, call, facts, request, now_ms, route, None, None, cached)
+        _undo(services, call, facts, request, now_ms, route, None, None, cached)
         raise ApiError(503, "the key store is unavailable; try again shortly",
                        "service_unavailable") from None
     except Exception:
-        await _undo(services, call, facts, request, now_ms, route, None, None, cached)
+        _undo(services, call, facts, request, now_ms, route, None, None, cached)
         raise
     identity = None if isinstance(identity_or_rejection, Rejected) else identity_or_rejection
     try:
@@ -217,8 +217,8 @@ async def admit(services: Services, call: Call) -> Admission:
         rates = rates_p.result() if rates_p is not None else None
     except Exception:
         # One participant failed unexpectedly (a bug): the others may hold reservations.
-        await _undo(services, call, facts, request, now_ms, route, budget_p, rates_p, cached,
-                    identity=identity)
+        _undo(services, call, facts, request, now_ms, route, budget_p, rates_p, cached,
+              identity=identity)
         raise
     decisions: list[Decision | None] = [
         identity_or_rejection if isinstance(identity_or_rejection, Rejected) else None,
@@ -284,7 +284,7 @@ async def _finish_route(services: Services, pending: PendingRead | Exception
     return await services.router.finish_read(pending)
 
 
-async def _undo(
+def _undo(
     services: Services, call: Call, facts: RoutingFacts, request: RequestFacts, now_ms: int,
     route: Participant[RoutingState],
     budget: Participant[BudgetOutcome] | None,
@@ -300,5 +300,4 @@ async def _undo(
         rates=_done(rates) if rates is not None else None,
         cache_namespace=((_done(cached) if cached is not None else None) or (None, None))[0],
     )
-    with trio.CancelScope(shield=True):
-        await settlement.settle(services, call, admission, outcome=settlement.rejected(500))
+    settlement.settle(services, call, admission, outcome=settlement.rejected(500))

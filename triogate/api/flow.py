@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -39,6 +40,7 @@ from triogate.api.gate import overloaded
 from triogate.api.http import Response, StreamResponse
 from triogate.cache.replay import replay
 from triogate.errors import ProviderError, TranslationError
+from triogate.governance.rate_limits import holds_slot
 from triogate.routing.router import NoDeploymentAvailable
 
 if TYPE_CHECKING:
@@ -77,8 +79,8 @@ async def serve(services: Services, call: Call) -> Response:
     try:
         if admitted.rejection is not None:
             error = from_rejection(admitted.rejection)
-            await settlement.settle(services, call, admitted,
-                                    outcome=settlement.rejected(error.status))
+            settlement.settle(services, call, admitted,
+                              outcome=settlement.rejected(error.status))
             error.headers = {**response_headers(services, call, admitted), **error.headers}
             raise error
         if admitted.cached is not None:
@@ -90,16 +92,13 @@ async def serve(services: Services, call: Call) -> Response:
         if not admitted.settled:  # a bug past admission: give everything back, then 500
             logger.error("request failed after admission; settling it",
                          extra={"trace_id": call.trace_id, "error": type(exc).__name__})
-            with trio.CancelScope(shield=True):
-                await settlement.settle(services, call, admitted,
-                                        outcome=settlement.failed(exc, 500, admitted=False))
+            settlement.settle(services, call, admitted,
+                              outcome=settlement.failed(exc, 500, admitted=False))
         raise
     finally:
         # Cancelled (client gone, shutdown) with nothing settled yet.
         if not admitted.settled and not admitted.handed_off:
-            with trio.CancelScope(shield=True):
-                await settlement.settle(services, call, admitted,
-                                        outcome=settlement.cancelled())
+            settlement.settle(services, call, admitted, outcome=settlement.cancelled())
 
 
 def response_headers(services: Services, call: Call, admitted: Admission, *,
@@ -129,7 +128,7 @@ async def _from_cache(services: Services, call: Call, admitted: Admission) -> Re
     if not call.stream:  # written first, then settled (SettledAfter)
         return SettledAfter(orjson.dumps(cached.body), response_headers(
             services, call, admitted), services, call, admitted, outcome)
-    await settlement.settle(services, call, admitted, outcome=outcome)
+    settlement.settle(services, call, admitted, outcome=outcome)
     headers = response_headers(services, call, admitted)
     events = replay(call.api, cached.body)
 
@@ -152,7 +151,7 @@ async def _route(
     try:
         return await services.router.run(admitted.routing, attempt, admitted.facts)
     except (ProviderError, NoDeploymentAvailable, TranslationError) as exc:
-        raise await _failed(services, call, admitted, exc) from None
+        raise _failed(services, call, admitted, exc) from None
 
 
 async def _complete(services: Services, call: Call, admitted: Admission) -> Response:
@@ -176,11 +175,12 @@ class SettledAfter(Response):
 
     Settling (the post-call batch's declarations, the cache entry, the spend-log row,
     metrics, the log line: ~0.2 ms) used to run between the upstream's answer and the
-    client's, on every request's critical path. The client has its answer first now; the
-    settlement follows in the same task with no schedule point in between, so nothing else
-    runs before the request's writes are queued (what a test or the client's next request
-    sees is unchanged), and at one connection it runs while the client turns around.
-    Whatever happens to the write (the client gone, a cancellation), it settles, shielded.
+    client's, on every request's critical path. The client has its answer first now; then
+    the settlement is handed to ``services.later`` (``api/settle_later.py``), which runs it
+    when the worker idles, not while the client's next request waits, unless the request
+    holds a parallel slot (settled at once: the next request may need it). Whatever
+    happens to the write (the client gone, a cancellation), it is handed over: that is
+    synchronous, so no cancellation can land half-way and no shield is needed.
     """
 
     def __init__(self, body: bytes, headers: dict[str, str], services: Services, call: Call,
@@ -192,10 +192,13 @@ class SettledAfter(Response):
     async def send(self, send: Send, receive: Receive, *, head: bool = False) -> None:
         try:
             await super().send(send, receive, head=head)
-        finally:
+        finally:  # sync: nothing can cancel it half-way
             services, call, admitted, outcome = self._settle
-            with trio.CancelScope(shield=True):
-                await settlement.settle(services, call, admitted, outcome=outcome)
+            if holds_slot(admitted.rates):  # the client's next request may need it at once
+                settlement.settle(services, call, admitted, outcome=outcome)
+            else:
+                services.later.defer(partial(settlement.settle, services, call, admitted,
+                                             outcome=outcome), call.trace_id)
 
 
 @attrs.define
@@ -284,11 +287,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                 if finished else None,
                 status="success" if finished else ("error" if error else "cancelled"),
             )
-            # settle() bounds its callbacks by post_call_deadline_s; this bounds the rest.
-            with trio.move_on_after(
-                services.config.settings.post_call_deadline_s + CLOSE_TIMEOUT_S, shield=True
-            ):
-                await settlement.settle(services, call, admitted, outcome=outcome)
+            settlement.settle(services, call, admitted, outcome=outcome)
 
     headers = response_headers(services, call, admitted, deployment=result.deployment)
     response = StreamResponse(produce, headers=headers)
@@ -340,7 +339,7 @@ def _usage_only(event: dict[str, Any]) -> bool:
     return bool(event.get("usage") and not event.get("choices"))
 
 
-async def _failed(services: Services, call: Call, admitted: Admission,
+def _failed(services: Services, call: Call, admitted: Admission,
                   exc: ProviderError | NoDeploymentAvailable | TranslationError) -> ApiError:
     """Settle a request that got no answer; the error to send.
 
@@ -349,7 +348,7 @@ async def _failed(services: Services, call: Call, admitted: Admission,
     """
     error = _api_error(exc)
     upstream_saw_it = isinstance(exc, ProviderError)
-    await settlement.settle(services, call, admitted, outcome=settlement.failed(
+    settlement.settle(services, call, admitted, outcome=settlement.failed(
         exc, error.status, admitted=upstream_saw_it))
     return error
 
