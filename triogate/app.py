@@ -268,10 +268,6 @@ async def open_gateway(
                 max_entry_bytes=settings.cache.max_entry_bytes,
             ),
         )
-        # Complete answers settle when the worker idles; a drain of the settler (shutdown,
-        # tests) takes what waits there first.
-        await nursery.start(services.later.run)
-        settler.add_drain_hook(services.later.drain)
         logger.info(
             "gateway ready",
             extra={"redis": redact_url(url), "deployments": len(config.deployments),

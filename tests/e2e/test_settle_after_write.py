@@ -34,19 +34,17 @@ def _request(body: dict[str, object], port: int) -> bytes:
 async def _answered_before_settled(gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
                                    body: dict[str, object]) -> list[bool]:
     """POST ``body`` on a raw connection; for each spend-log row the request's settlement
-    submits, whether the answer had already reached the client then (readable on its
-    socket, or read already: a settlement waits for an idle worker, api/settle_later.py)."""
+    submits, whether the answer was already readable on the client's socket."""
     spend_logs = gateway.services.spend_logs
     assert spend_logs is not None
     port = int(gateway.url.rsplit(":", 1)[1])
     with trio.fail_after(20):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
     readable: list[bool] = []
-    got = False  # the client read the answer's head
     submit = spend_logs.submit_nowait
 
     def watched(row: SpendLogRow) -> None:
-        readable.append(got or stream.socket.is_readable())
+        readable.append(stream.socket.is_readable())
         submit(row)
 
     monkeypatch.setattr(spend_logs, "submit_nowait", watched)
@@ -56,9 +54,6 @@ async def _answered_before_settled(gateway: Gateway, monkeypatch: pytest.MonkeyP
             answer = b""
             while b"\r\n\r\n" not in answer:
                 answer += await stream.receive_some(65536)
-            got = True
-            while not readable:  # settled when the worker idles
-                await trio.sleep(0.005)
     monkeypatch.undo()
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     return readable

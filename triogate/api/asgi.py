@@ -91,8 +91,6 @@ class GatewayASGI:
                 elif route is None:
                     response = self._no_route(request)
                 else:
-                    if not route.model_call:  # what it reads includes every settlement
-                        self.services.later.drain()
                     response = await route.handler(self.services, request)
             except ApiError as exc:
                 response = _error_response(exc, style)

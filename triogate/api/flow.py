@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import AsyncExitStack
-from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -40,7 +39,6 @@ from triogate.api.gate import overloaded
 from triogate.api.http import Response, StreamResponse
 from triogate.cache.replay import replay
 from triogate.errors import ProviderError, TranslationError
-from triogate.governance.rate_limits import holds_slot
 from triogate.routing.router import NoDeploymentAvailable
 
 if TYPE_CHECKING:
@@ -175,12 +173,17 @@ class SettledAfter(Response):
 
     Settling (the post-call batch's declarations, the cache entry, the spend-log row,
     metrics, the log line: ~0.2 ms) used to run between the upstream's answer and the
-    client's, on every request's critical path. The client has its answer first now; then
-    the settlement is handed to ``services.later`` (``api/settle_later.py``), which runs it
-    when the worker idles, not while the client's next request waits, unless the request
-    holds a parallel slot (settled at once: the next request may need it). Whatever
-    happens to the write (the client gone, a cancellation), it is handed over: that is
-    synchronous, so no cancellation can land half-way and no shield is needed.
+    client's, on every request's critical path. The client has its answer first now; the
+    settlement follows in the same task with no schedule point in between, so nothing else
+    runs before the request's writes are queued (what a test or the client's next request
+    sees is unchanged), and at one connection it runs while the client turns around.
+    Whatever happens to the write (the client gone, a cancellation), it settles: settling
+    is synchronous, so no cancellation can land half-way and no shield is needed.
+
+    Settling later instead, when the worker idles, was tried and measured (wave 10,
+    ``bench/results/w10-cpu.md``): at one connection the next request then waits for a
+    wake-up instead (the worker is asleep when it arrives), two more run-loop passes per
+    request, and no latency gained.
     """
 
     def __init__(self, body: bytes, headers: dict[str, str], services: Services, call: Call,
@@ -194,11 +197,7 @@ class SettledAfter(Response):
             await super().send(send, receive, head=head)
         finally:  # sync: nothing can cancel it half-way
             services, call, admitted, outcome = self._settle
-            if holds_slot(admitted.rates):  # the client's next request may need it at once
-                settlement.settle(services, call, admitted, outcome=outcome)
-            else:
-                services.later.defer(partial(settlement.settle, services, call, admitted,
-                                             outcome=outcome), call.trace_id)
+            settlement.settle(services, call, admitted, outcome=outcome)
 
 
 @attrs.define

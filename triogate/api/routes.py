@@ -33,16 +33,10 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class Route:
-    """A handler, the error shape of its API, and whether it calls a model.
-
-    A route that calls no model (admin, metrics, health, the dashboard) first settles the
-    answers whose accounting waits for an idle worker (``api/settle_later.py``), so that
-    what it reads is whole.
-    """
+    """A handler and the error shape of its API."""
 
     handler: Handler
     style: Style = "openai"
-    model_call: bool = False
 
 
 def table() -> dict[tuple[str, str], Route]:
@@ -59,15 +53,11 @@ def table() -> dict[tuple[str, str], Route]:
         ("GET", "/model_group/info"): Route(model_info.model_group_info),
     }
     for prefix in ("/v1", ""):
-        calls: tuple[tuple[str, Handler, Style], ...] = (
-            ("/chat/completions", chat.chat_completions, "openai"),
-            ("/messages", messages.create_message, "anthropic"),
-            ("/responses", responses.create_response, "openai"),
-            ("/embeddings", embeddings.create_embeddings, "openai"),
-            ("/completions", completions.completions, "openai"),
-        )
-        for path, handler, style in calls:
-            routes[("POST", f"{prefix}{path}")] = Route(handler, style, model_call=True)
+        routes[("POST", f"{prefix}/chat/completions")] = Route(chat.chat_completions)
+        routes[("POST", f"{prefix}/messages")] = Route(messages.create_message, "anthropic")
+        routes[("POST", f"{prefix}/responses")] = Route(responses.create_response)
+        routes[("POST", f"{prefix}/embeddings")] = Route(embeddings.create_embeddings)
+        routes[("POST", f"{prefix}/completions")] = Route(completions.completions)
         routes[("GET", f"{prefix}/models")] = Route(model_info.models)
     for (method, path), handler in {**unsupported_routes(), **admin_routes()}.items():
         routes[(method, path)] = Route(handler)
@@ -78,9 +68,9 @@ def table() -> dict[tuple[str, str], Route]:
 #: Routes with a path parameter: (method, prefix, suffix) → route; the parameter is what
 #: lies between (handlers read it from ``request.path``).
 PATTERNS: tuple[tuple[str, str, str, Route], ...] = (
-    ("POST", azure.PREFIX, "/chat/completions", Route(azure.chat_completions, model_call=True)),
-    ("POST", azure.PREFIX, "/embeddings", Route(azure.create_embeddings, model_call=True)),
-    ("POST", azure.PREFIX, "/completions", Route(azure.legacy_completions, model_call=True)),
+    ("POST", azure.PREFIX, "/chat/completions", Route(azure.chat_completions)),
+    ("POST", azure.PREFIX, "/embeddings", Route(azure.create_embeddings)),
+    ("POST", azure.PREFIX, "/completions", Route(azure.legacy_completions)),
     ("GET", "/v1/models/", "", Route(model_info.model)),
     ("GET", "/models/", "", Route(model_info.model)),
 )

@@ -12,7 +12,6 @@ import attrs
 
 from triogate.api.gate import AdmissionGate
 from triogate.api.pacing import StreamPacer
-from triogate.api.settle_later import SettleLater
 from triogate.routing.models import ModelNames
 
 if TYPE_CHECKING:
@@ -89,7 +88,3 @@ class Services:
     pacer: StreamPacer = attrs.field(default=attrs.Factory(
         lambda self: StreamPacer(self.config.settings.stream_coalesce_window_s),
         takes_self=True))
-    #: Complete answers' settlements, run when the worker idles (``api/settle_later.py``);
-    #: its task runs in the app nursery (without it every request settles at once).
-    later: SettleLater = attrs.field(default=attrs.Factory(
-        lambda self: SettleLater(self.clock_ms), takes_self=True))

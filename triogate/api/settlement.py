@@ -103,13 +103,11 @@ def cost_nanousd(outcome: Outcome) -> int:
     return deployment.price.cost_nanousd(outcome.usage.input_tokens, outcome.usage.output_tokens)
 
 
-def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outcome,
-           ended_s: float | None = None, now_ms: int | None = None) -> None:
+def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outcome) -> None:
     """Hand the request's post-call writes to the settler; log and count the request.
 
     At most once per request: a second call is a no-op, so that every path of the flow
-    may settle without counting twice. ``ended_s`` (trio clock) and ``now_ms`` (the
-    gateway's epoch clock): when the request ended, if it is settled later (``settle_later``).
+    may settle without counting twice.
 
     Synchronous, with no checkpoint: whoever settles needs no shield or deadline scope
     around it (a cancellation cannot land half-way), and nothing else runs between the
@@ -119,12 +117,9 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
     if admitted.settled:
         return
     admitted.settled = True
-    if ended_s is None:
-        ended_s = trio.current_time()
-    settle_started_s = ended_s
+    settle_started_s = trio.current_time() if services.spans is not None else 0.0
     settings = services.config.settings
-    if now_ms is None:
-        now_ms = services.clock_ms()
+    now_ms = services.clock_ms()
     cost = cost_nanousd(outcome)  # once: the batch, the row, the metrics and the log line
     # The callbacks below only declare (sync): no deadline or shield scope to pay for.
     with post_call_batch(services.settler, trace_id=call.trace_id) as post:
@@ -150,7 +145,7 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
                 now_ms=now_ms, key=admitted.cache_key,
             )
     deployment = outcome.deployment
-    duration_s = ended_s - call.request.started_at
+    duration_s = trio.current_time() - call.request.started_at
     if services.spend_logs is not None:
         services.spend_logs.submit_nowait(_spend_row(call, admitted, outcome, now_ms, cost))
     services.metrics.observe_request(

@@ -346,7 +346,6 @@ class Settler:
         self._idle: trio.CancelScope | None = None
         self._drained = trio.Event()
         self._drained.set()
-        self._drain_hooks: list[Callable[[], None]] = []
         self._flushes = self._pipelines = self._batches = self._commands = 0
         self._journaled = self._replayed = self._dead = self._retried = 0
 
@@ -451,16 +450,8 @@ class Settler:
         del queue[:count]
         return taken
 
-    def add_drain_hook(self, hook: Callable[[], None]) -> None:
-        """Call ``hook`` (sync) at the start of every :meth:`wait_drained`: whoever holds
-        batches back before submitting them (``api/settle_later.py``) submits them then."""
-        self._drain_hooks.append(hook)
-
     async def wait_drained(self) -> None:
-        """Wait until every submitted batch has been sent, journaled or failed (the drain
-        hooks' batches included)."""
-        for hook in self._drain_hooks:
-            hook()
+        """Wait until every submitted batch has been sent, journaled or failed."""
         self._draining += 1
         self._hurry.set()  # what is queued leaves now, not after the delay
         self._wakeup.set()  # the settler may be asleep until the delay is over

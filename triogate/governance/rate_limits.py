@@ -131,15 +131,6 @@ class RateOutcome:
     local: LocalGovernance | None = attrs.field(default=None, eq=False, repr=False)
 
 
-def holds_slot(outcome: RateOutcome | None) -> bool:
-    """Whether the request holds a parallel-request slot that its settlement gives back
-    (its client's next request may need it at once)."""
-    admission = outcome.admission if outcome is not None else None
-    if admission is None:
-        return False
-    return any(w.kind == PARALLEL for entry in admission.entries for w in entry.windows)
-
-
 def windows_for(principal: Principal, model_group: str) -> tuple[Window, ...]:
     """The windows of ``principal`` that apply to a request for ``model_group``.
 
