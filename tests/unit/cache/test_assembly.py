@@ -169,6 +169,37 @@ HAND_MADE: list[Case] = [
 ]
 
 
+# Long enough for the text pieces to be joined on the way (cache/assembly.py, _JOIN_AT).
+LONG: list[Case] = [
+    ("chat two long choices", "chat", [
+        choice_chunk(0, {"role": "assistant", "content": ""}),
+        choice_chunk(1, {"role": "assistant", "content": "1"}),
+        *[choice_chunk(i % 2, {"content": f"{i}."}) for i in range(300)],
+        choice_chunk(0, {"refusal": "r"}),
+        *[choice_chunk(i % 2, {"content": f"{i}!"}) for i in range(140)],
+        choice_chunk(0, {}, "stop"), choice_chunk(1, {}, "length")]),
+    ("messages long text and thinking", "messages", [
+        ANTHROPIC[0],
+        {"type": "content_block_start", "index": 0,
+         "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+        *[{"type": "content_block_delta", "index": 0,
+           "delta": {"type": "thinking_delta", "thinking": f"{i},"}} for i in range(200)],
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text"}},
+        *[{"type": "content_block_delta", "index": i % 2,
+           "delta": {"type": "text_delta", "text": f"{i};"} if i % 2 else
+           {"type": "thinking_delta", "thinking": f"{i};"}} for i in range(260)],
+        *ANTHROPIC[-2:]]),
+]
+
+
+@pytest.mark.parametrize(("label", "api", "events"), LONG, ids=[c[0] for c in LONG])
+def test_long_streams_agree_too(label: str, api: str, events: list[dict[str, Any]]) -> None:
+    body = check(api, events)
+    assert body is not None
+    for version in (events[:-1], [*events[:100], ERRORS[api], *events[100:]]):
+        check(api, version)
+
+
 def base_cases() -> list[Case]:
     cases: list[Case] = [(f"stream: {label}", api, events) for label, api, events in STREAMS]
     cases += [(f"refusal: {label}", api, events) for label, api, events in INCOMPLETE]
