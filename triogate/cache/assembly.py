@@ -46,8 +46,10 @@ _SET_KEYS = frozenset({"role", "index", "type", "id", "name"})
 _JOIN_AT = 64
 
 # A malformed event (a missing key, a value of the wrong type, ...): not an answer we can
-# vouch for.
-_MALFORMED = (KeyError, TypeError, AttributeError, ValueError, IndexError)
+# vouch for. RecursionError too: a value nested a few hundred deep parses (orjson allows
+# 1,024) but not copies, and an assembler fed inside a stream's loop must not end the
+# stream for the cache's sake (the batch code before raised it from settlement).
+_MALFORMED = (KeyError, TypeError, AttributeError, ValueError, IndexError, RecursionError)
 
 
 def assemble(api: Api, events: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:

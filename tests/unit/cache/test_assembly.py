@@ -288,6 +288,19 @@ def test_feeding_after_a_refusal_or_the_result_changes_nothing() -> None:
     assert finished.result() is body and body == assemble("chat", STREAMS[0][2])
 
 
+def test_a_value_nested_too_deep_to_copy_is_no_answer_and_raises_nothing() -> None:
+    # The one input where the batch code before did not answer: it raised RecursionError.
+    deep: Any = []
+    for _ in range(700):
+        deep = [deep]
+    events = [chunk({"role": "assistant", "content": "a", "audio": {"data": deep}}, "stop")]
+    with pytest.raises(RecursionError):
+        assemble_before.assemble("chat", events)
+    assert assemble("chat", events) is None
+    start = {**ANTHROPIC[0], "message": {**ANTHROPIC[0]["message"], "container": deep}}
+    assert assemble("messages", [start, *ANTHROPIC[1:]]) is None
+
+
 # --------------------------------------------------------------------------- random streams
 
 ODD = st.one_of(st.none(), st.integers(-1, 2), st.sampled_from(["", "a", "{", " "]),
