@@ -316,8 +316,8 @@ def _outcome_events(assembly: Assembler | None, naming: list[dict[str, Any]]
 
     With no answer from the assembly the events end with an error event: settlement
     assembles ``events`` when it has no body, and the head of a stream that turned out no
-    answer (an error chunk after a finished choice, say) must not pass for one. It names
-    no id, so the response id read from the events is unchanged."""
+    answer (a finished choice, then a chunk of another kind, say) must not pass for one.
+    It names no id, so the response id read from the events is unchanged."""
     if assembly is None:
         return None, naming
     body = assembly.result()

@@ -1,4 +1,5 @@
-"""The incremental assemblers give exactly the body the batch ``assemble`` gave before them.
+"""The incremental assemblers give exactly the body the batch ``assemble`` gave before them
+(but for a value nested too deep to copy: None, where the batch code raised).
 
 The reference is the batch code as it was (``assemble_before.py``, verbatim). Each case is
 checked three ways against it: ``assemble`` on the list; an assembler fed one event at a
