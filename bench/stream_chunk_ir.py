@@ -6,9 +6,11 @@ What one chunk costs between the upstream socket and the client write, without t
 scheduler's or the host's noise: each stream's chunks are written into a socket pair
 (``--per-read`` chunks per write, so that each read brings that many, as on a worker that
 keeps up, 1, or is behind, 3-7), read by ``UpstreamBody.read_some`` (chunked framing,
-``os.read``), parsed by ``RawStream``, forwarded by a copy of ``flow.py``'s producer loop
-(wire bytes kept), and at the stream's end decoded and assembled as the response cache
-does (``flow._decoded`` + ``cache.replay.assemble``). The child runs under
+``os.read``), parsed by ``RawStream``, forwarded by a copy of ``flow.py``'s producer loop with the
+response cache storing the answer: in a tree with ``cache.replay.assembler`` (w10) each
+event folded into the answer as it passes and the event naming the response id kept, in
+an older tree every event's wire bytes kept and decoded and assembled at the stream's end
+(``flow._decoded`` + ``cache.replay.assemble``). The child runs under
 ``valgrind --tool=callgrind``; Ir per chunk is the difference between ``--chunks`` and
 ``--baseline-chunks`` runs divided by the chunk difference (start-up cancels out).
 PYTHONHASHSEED is fixed; Ir still vary by ~2 % between identical runs (allocation).
@@ -49,12 +51,18 @@ def _groups(chunks: int, per_read: int) -> list[bytes]:
 def child(streams: int, chunks: int, per_read: int) -> None:
     import trio
 
-    from triogate.api.flow import _decoded
-    from triogate.cache.replay import assemble
+    from triogate.api.settlement import named_id
     from triogate.providers.http1 import UpstreamBody, UpstreamConnection
     from triogate.providers.rawsse import CHAT, RawStream
     from triogate.providers.translate import ChatPassthrough
     from triogate.providers.usage import ChatUsageTracker
+
+    try:  # a tree whose producer folds each event into the answer as it passes (w10)
+        from triogate.cache.replay import assembler
+        decoded: Any = None
+    except ImportError:  # before: every event's wire bytes kept, decoded again at the end
+        from triogate.api.flow import _decoded as decoded
+        from triogate.cache.replay import assemble
 
     groups = _groups(chunks, per_read)
 
@@ -72,6 +80,9 @@ def child(streams: int, chunks: int, per_read: int) -> None:
                            ChatPassthrough(created_s=1), CHAT)
         pending = iter(groups)
         kept: list[Any] = []
+        assembly = assembler("chat") if decoded is None else None
+        fold = assembly.feed if assembly is not None else None
+        naming: Any = None
         receive = stream.__anext__
         peer.send(next(pending))
         event: Any = await receive()
@@ -79,7 +90,13 @@ def child(streams: int, chunks: int, per_read: int) -> None:
         while event is not None:  # flow.py's producer, the client write left out
             burst = []
             while event is not None:
-                kept.append(event if wire is None else wire)
+                if decoded is not None:
+                    kept.append(event if wire is None else wire)
+                else:
+                    if fold is not None:
+                        fold(event)
+                    if naming is None and named_id(event) is not None:
+                        naming = [event]
                 burst.append(wire)
                 event = stream.next_nowait()
                 wire = stream.wire
@@ -91,7 +108,10 @@ def child(streams: int, chunks: int, per_read: int) -> None:
             except StopAsyncIteration:
                 event = None
             wire = stream.wire
-        assert assemble("chat", _decoded(kept)) is not None
+        if assembly is not None:
+            assert assembly.result() is not None and naming is not None
+        else:
+            assert assemble("chat", decoded(kept)) is not None
         await body.aclose()
         peer.close()
         sock.close()

@@ -8,7 +8,8 @@ costs between the upstream socket and the client write: the real upstream transp
 ``OpenAIProvider.stream`` (SSE decoding, usage tracking, translation) and the loop of
 ``flow.py``'s producer (bursts joined, an event the upstream wrote as the client's API
 would passed on as its bytes, the rest encoded with ``api/sse.py``; with ``--cache`` also
-the response cache's decode and assembly of the answer at the stream's end), against
+the response cache's assembly of the answer: event by event in a tree with
+``cache.replay.assembler``, else the kept bytes decoded and assembled at the end), against
 ``bench/streamtool.c upstream``, in one process per tree, the trees alternating. The
 client write is left out (``bench/send_floor.py`` measures hypercorn's send).
 
@@ -36,8 +37,13 @@ async def _run(port: int, streams: int, chunks: int, api: str, cache: bool) -> f
     import trio
 
     from triogate.api import sse
-    from triogate.api.flow import _decoded
-    from triogate.cache.replay import assemble
+    from triogate.cache import replay
+
+    # A tree whose producer folds each event into the answer as it passes (w10), or one
+    # that keeps every event's wire bytes and decodes them again at the end.
+    assembler = getattr(replay, "assembler", None)
+    if assembler is None:
+        from triogate.api.flow import _decoded
     from triogate.config import Deployment, Price
     from triogate.providers import new_upstream_client
     from triogate.providers.openai import OpenAIProvider
@@ -54,6 +60,7 @@ async def _run(port: int, streams: int, chunks: int, api: str, cache: bool) -> f
     async def one(provider: OpenAIProvider) -> None:
         nonlocal written
         kept: list[Any] = []
+        assembly = assembler(api) if cache and assembler is not None else None
         async with provider.stream(api, request, deployment) as stream:  # type: ignore[arg-type]
             events = stream.__aiter__()
             event = await anext(events, None)
@@ -61,16 +68,22 @@ async def _run(port: int, streams: int, chunks: int, api: str, cache: bool) -> f
                 burst: list[bytes] = []
                 while event is not None:
                     # As flow.py's producer: an event the upstream wrote as the client's
-                    # API would goes on as its bytes (and is kept as them).
+                    # API would goes on as its bytes (kept as them before w10; folded
+                    # into the answer as it passes since).
                     wire = getattr(stream, "wire", None)
-                    kept.append(event if wire is None else wire)
+                    if assembler is None:
+                        kept.append(event if wire is None else wire)
+                    elif assembly is not None:
+                        assembly.feed(event)
                     burst.append(wire if wire is not None
                                  else sse.encode(api, event))  # type: ignore[arg-type]
                     event = stream.next_nowait()
                 written += len(b"".join(burst))
                 event = await anext(events, None)
-        if cache:  # what a worker with the response cache does at the end of the stream
-            assert assemble(api, _decoded(kept)) is not None  # type: ignore[arg-type]
+        if assembly is not None:  # what a worker with the response cache does at the end
+            assert assembly.result() is not None
+        elif cache:
+            assert replay.assemble(api, _decoded(kept)) is not None  # type: ignore[arg-type]
 
     async with new_upstream_client(max_connections=streams) as client:
         provider = OpenAIProvider(client)
@@ -107,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--api", default="chat", choices=("chat", "messages", "responses"))
     p.add_argument("--cache", action="store_true",
-                   help="also decode the kept events and assemble the answer at each stream's "
-                   "end, as a worker whose response cache stores streamed answers does")
+                   help="also assemble the answer (event by event, or from the kept events "
+                   "at the end in an older tree), as a worker whose response cache stores "
+                   "streamed answers does")
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.port:

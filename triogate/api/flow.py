@@ -37,7 +37,7 @@ from triogate.api import admission, controls, settlement, sse
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.gate import overloaded
 from triogate.api.http import Response, StreamResponse
-from triogate.cache.replay import replay
+from triogate.cache.replay import assembler, replay
 from triogate.errors import ProviderError, TranslationError
 from triogate.routing.router import NoDeploymentAvailable
 
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from triogate.api.http import Receive, Send
     from triogate.api.records import Admission, Call
     from triogate.api.services import Services
+    from triogate.cache.assembly import Assembler
     from triogate.config import Deployment
     from triogate.providers.records import Completion, ProviderStream
     from triogate.routing.router import RouteResult
@@ -233,11 +234,17 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
     services.metrics.ttft_child(call.route, call.group).observe(first_token_s)
 
     async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
-        # Every event is kept for the outcome (response cache, response id); one the
-        # upstream wrote as the client's API would is kept as its bytes, decoded again
-        # at the end. Thousands of streams holding every chunk as dicts made the garbage
-        # collector walk millions of them (bench/results/w6-stream.md, change 2).
-        kept: list[dict[str, Any] | bytes] = []
+        # The outcome needs the first event that names the response id (all that
+        # settlement.response_id reads) and, when the response cache stores the answer,
+        # the answer: each event is folded into it as it passes (cache/assembly.py keeps
+        # the text pieces, not the events). Keeping every event (as dicts, then as wire
+        # bytes parsed again at the end) cost the collector's walks, ~90 MB at 4,096
+        # streams and ~1 us per chunk (bench/results/w6-, w9-, w10-stream.md).
+        naming: list[dict[str, Any]] | None = None  # [that event], once one came
+        cache = services.cache
+        assembly = (assembler(call.api) if cache is not None and admitted.cached is None
+                    and cache.stores(call.cache) else None)
+        fold = assembly.feed if assembly is not None else None
         error: ProviderError | None = None
         finished = False
         # Per event: no _forward call, no anext() wrapper (a coroutine layer per wait).
@@ -256,7 +263,10 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                     # upstream wrote as the client's API would goes on as it came (wire).
                     burst: list[bytes] = []
                     while event is not None:
-                        kept.append(event if wire is None else wire)
+                        if fold is not None:
+                            fold(event)
+                        if naming is None and settlement.named_id(event) is not None:
+                            naming = [event]
                         if not usage_filtered or not _usage_only(event):
                             burst.append(wire if wire is not None
                                          else sse.encode(call.api, event))
@@ -281,9 +291,10 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await opened.stack.aclose()
             usage = opened.stream.usage
+            body, events = (_outcome_events(assembly, naming or []) if finished
+                            else (None, None))
             outcome = settlement.succeeded(
-                result, usage, events=_outcome_events(services, call, admitted, kept)
-                if finished else None,
+                result, usage, body=body, events=events,
                 status="success" if finished else ("error" if error else "cancelled"),
             )
             settlement.settle(services, call, admitted, outcome=outcome)
@@ -294,36 +305,23 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
     return response
 
 
-def _outcome_events(services: Services, call: Call, admitted: Admission,
-                    kept: list[dict[str, Any] | bytes]) -> list[dict[str, Any]]:
-    """The events a finished stream's outcome needs: all of them when the response cache
-    will store the answer (settlement assembles it from them), else only those up to the
-    first that names the response id (all :func:`settlement.response_id` reads): decoding
-    every kept event again was ~5 % of a streaming worker, for nothing without a cache."""
-    cache = services.cache
-    if cache is not None and admitted.cached is None and cache.stores(call.cache):
-        return _decoded(kept)
-    head: list[dict[str, Any]] = []
-    for event in kept:
-        head.append(event if isinstance(event, dict) else _decoded([event])[0])
-        if settlement.named_id(head[-1]) is not None:
-            break
-    return head
+def _outcome_events(assembly: Assembler | None, naming: list[dict[str, Any]]
+                    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A finished stream's outcome: the answer its assembly made, when the response cache
+    stores it (None without one, or when the stream was no answer), and its events as far
+    as :func:`settlement.response_id` reads them: ``naming``, the first event that names
+    the response id (the events before it name none), or none.
 
-
-def _decoded(kept: list[dict[str, Any] | bytes]) -> list[dict[str, Any]]:
-    """A stream's events as dicts: the wire bytes (``data: {json}``, after an ``event:``
-    line for messages) decoded again, as one JSON array (one ``loads`` call, not one per
-    event)."""
-    raw = [memoryview(e)[6 if e.startswith(b"data: ") else e.index(b"\ndata: ") + 7 : -2]
-           for e in kept if isinstance(e, bytes)]
-    if not raw:
-        return kept  # type: ignore[return-value]  # dicts only
-    decoded: list[dict[str, Any]] = orjson.loads(b"[%b]" % b",".join(raw))
-    if len(raw) == len(kept):
-        return decoded
-    objects = iter(decoded)
-    return [next(objects) if isinstance(e, bytes) else e for e in kept]
+    With no answer from the assembly the events end with an error event: settlement
+    assembles ``events`` when it has no body, and the head of a stream that turned out no
+    answer (a finished choice, then a chunk of another kind, say) must not pass for one.
+    It names no id, so the response id read from the events is unchanged."""
+    if assembly is None:
+        return None, naming
+    body = assembly.result()
+    if body is None:
+        return None, [*naming, {"type": "error", "error": "not an answer"}]
+    return body, naming
 
 
 def _forward(call: Call, event: dict[str, Any]) -> bool:
