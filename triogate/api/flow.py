@@ -308,20 +308,10 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
 def _outcome_events(assembly: Assembler | None, naming: list[dict[str, Any]]
                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A finished stream's outcome: the answer its assembly made, when the response cache
-    stores it (None without one, or when the stream was no answer), and its events as far
-    as :func:`settlement.response_id` reads them: ``naming``, the first event that names
-    the response id (the events before it name none), or none.
-
-    With no answer from the assembly the events end with an error event: settlement
-    assembles ``events`` when it has no body, and the head of a stream that turned out no
-    answer (a finished choice, then a chunk of another kind, say) must not pass for one.
-    It names no id, so the response id read from the events is unchanged."""
-    if assembly is None:
-        return None, naming
-    body = assembly.result()
-    if body is None:
-        return None, [*naming, {"type": "error", "error": "not an answer"}]
-    return body, naming
+    stores it (None without one, or when the stream was no answer: nothing is stored),
+    and its events as far as :func:`settlement.response_id` reads them: ``naming``, the
+    first event that names the response id (the events before it name none), or none."""
+    return (assembly.result() if assembly is not None else None), naming
 
 
 def _forward(call: Call, event: dict[str, Any]) -> bool:
@@ -337,7 +327,7 @@ def _usage_only(event: dict[str, Any]) -> bool:
 
 
 def _failed(services: Services, call: Call, admitted: Admission,
-                  exc: ProviderError | NoDeploymentAvailable | TranslationError) -> ApiError:
+            exc: ProviderError | NoDeploymentAvailable | TranslationError) -> ApiError:
     """Settle a request that got no answer; the error to send.
 
     A request the upstream never saw (no deployment, or one it cannot be translated

@@ -17,7 +17,6 @@ import attrs
 import trio
 
 from triogate.batch import post_call_batch
-from triogate.cache.replay import assemble
 from triogate.governance.settle import settle as governance_settle
 from triogate.otel import RequestSpans
 from triogate.providers.records import Usage
@@ -47,7 +46,9 @@ class Outcome:
         route: the router's result, when a deployment answered.
         usage: tokens to charge (reported by the upstream, or counted).
         body: a complete response to store in the cache.
-        events: a complete stream's events to store in the cache.
+        events: a stream's events as far as :func:`response_id` reads them (the first
+            that names the response id); a stream's answer for the cache is ``body``,
+            assembled as it passed (``cache/assembly.py``).
         error: the failure, for the log line.
     """
 
@@ -140,7 +141,7 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
         if cache is not None and outcome.status == "success" and admitted.cached is None:
             cache.store(
                 post, call.api, call.group, call.body,
-                outcome.body or (assemble(call.api, outcome.events) if outcome.events else None),
+                outcome.body,
                 outcome.usage, call.cache, namespace=admitted.cache_namespace or "global",
                 now_ms=now_ms, key=admitted.cache_key,
             )

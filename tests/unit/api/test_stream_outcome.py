@@ -2,9 +2,9 @@
 kept events gave: the same response id in the spend row, the same answer stored.
 
 Before, the producer kept every event and settlement read the response id from them and
-assembled the answer from them (``outcome.body or assemble(events)``); now the producer
-folds each event into an assembler and keeps only the first event that names the id
-(``flow._outcome_events``). Checked on every stream of the cache's assembly tests, their
+assembled the answer from them; now the producer folds each event into an assembler and
+keeps only the first event that names the id (``flow._outcome_events``), and settlement
+stores ``outcome.body`` alone. Checked on every stream of the cache's assembly tests, their
 prefixes, error and broken versions, with and without the cache storing the answer.
 
 One difference, by design: with the cache storing the answer, the response id is the
@@ -24,13 +24,13 @@ import pytest
 from tests.unit.cache import assemble_before
 from tests.unit.cache.test_assembly import CASES, variants
 from triogate.api import flow, settlement
-from triogate.cache.replay import assemble, assembler
+from triogate.cache.replay import assembler
 
 
 def stored(outcome: settlement.Outcome, api: str) -> dict[str, Any] | None:
-    """What ``settlement.settle`` hands the cache for a successful stream."""
-    return outcome.body or (assemble(api, outcome.events)  # type: ignore[arg-type]
-                            if outcome.events else None)
+    """What ``settlement.settle`` hands the cache for a successful stream: its body (the
+    events are only read for the response id)."""
+    return outcome.body
 
 
 def outcomes(api: str, events: list[Any]) -> tuple[settlement.Outcome, settlement.Outcome]:
