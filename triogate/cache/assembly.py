@@ -168,7 +168,7 @@ def _named(head: dict[str, Any], missing: tuple[str, ...], event: Mapping[str, A
 class ChatAssembler(Assembler):
     """``chat.completion.chunk`` events -> a ``chat.completion``."""
 
-    __slots__ = ("_choices", "_head", "_missing", "_texts", "_usage")
+    __slots__ = ("_args", "_choices", "_head", "_missing", "_texts", "_usage")
 
     def __init__(self) -> None:
         super().__init__()
@@ -180,6 +180,11 @@ class ChatAssembler(Assembler):
         # joined when another delta reaches that message, and at the end (~5 % of a
         # streaming worker went to merging each chunk with _merge_delta, w9-stream).
         self._texts: dict[int, list[str]] = {}
+        # The same for a tool call's arguments: (choice, call) -> the call's ``function``
+        # object and the pieces to append to its arguments. Appended one ``+=`` per chunk,
+        # a call's arguments were copied whole per chunk: 20,000 chunks of 20 characters
+        # (a 400 kB argument, a file an agent writes) took 1.2 s.
+        self._args: dict[tuple[int, Any], tuple[dict[str, Any], list[str]]] = {}
         self._usage: Any = None
 
     def feed(self, event: Mapping[str, Any]) -> None:
@@ -213,7 +218,8 @@ class ChatAssembler(Assembler):
                     else:
                         state = choices[index] = {"index": index, "message": {},
                                                   "finish_reason": None, "logprobs": None}
-                    if delta:
+                    if delta and not self._arguments_only(index, state, delta):
+                        self._join_arguments(index)
                         message = state["message"]
                         if pieces is not None:
                             message["content"] = "".join(pieces)
@@ -228,8 +234,54 @@ class ChatAssembler(Assembler):
         except _MALFORMED:
             self._over = True
 
+    def _arguments_only(self, index: int, state: dict[str, Any],
+                        delta: Mapping[str, Any]) -> bool:
+        """Fold ``delta`` in if it only appends to the arguments of a tool call the message
+        has (nearly every chunk of a tool call: ``{"tool_calls": [{"index": i,
+        "function": {"arguments": "..."}}]}``): one list append. False: it is any other
+        delta, for ``_merge_delta``."""
+        if len(delta) != 1:
+            return False
+        calls = delta.get("tool_calls")
+        if not isinstance(calls, list) or len(calls) != 1:
+            return False
+        call = calls[0]
+        if not isinstance(call, dict) or len(call) != 2:
+            return False
+        function, position = call.get("function"), call.get("index")
+        if not isinstance(function, dict) or len(function) != 1:
+            return False
+        piece = function.get("arguments")
+        if not isinstance(piece, str):
+            return False
+        key = (index, position)
+        waiting = self._args.get(key)
+        if waiting is None:
+            # As _merge_delta: the call at that index, whose arguments are a string so far.
+            existing = next((c for c in state["message"].get("tool_calls") or ()
+                             if c["index"] == position), None)
+            target = existing.get("function") if existing is not None else None
+            if not isinstance(target, dict) or not isinstance(target.get("arguments"), str):
+                return False
+            waiting = self._args[key] = (target, [target["arguments"]])
+        pieces = waiting[1]
+        pieces.append(piece)
+        if len(pieces) > _JOIN_AT:
+            pieces[:] = ("".join(pieces),)
+        return True
+
+    def _join_arguments(self, index: int | None = None) -> None:
+        """Put the waiting argument pieces of choice ``index`` (None: of every choice)
+        into their calls, before anything else reaches those messages."""
+        if not self._args:
+            return
+        for key in [k for k in self._args if index is None or k[0] == index]:
+            target, pieces = self._args.pop(key)
+            target["arguments"] = "".join(pieces)
+
     def _finish(self) -> dict[str, Any] | None:
         choices = self._choices
+        self._join_arguments()
         for index, pieces in self._texts.items():
             choices[index]["message"]["content"] = "".join(pieces)
         if not choices or any(c["finish_reason"] is None for c in choices.values()):

@@ -179,6 +179,24 @@ LONG: list[Case] = [
         choice_chunk(0, {"refusal": "r"}),
         *[choice_chunk(i % 2, {"content": f"{i}!"}) for i in range(140)],
         choice_chunk(0, {}, "stop"), choice_chunk(1, {}, "length")]),
+    # Tool-call arguments in hundreds of pieces (their own fast path): two calls and two
+    # choices interleaved, content and a piece repeating the call's id and name between,
+    # an argument that is not a string so far (the generic path sets, not appends).
+    ("chat long tool-call arguments", "chat", [
+        choice_chunk(0, {"role": "assistant", "content": None,
+                         **call(0, id="c0", type="function",
+                                function={"name": "write", "arguments": ""})}),
+        choice_chunk(1, {"role": "assistant", **call(0, id="d0", type="function",
+                                                     function={"name": "w"})}),
+        *[choice_chunk(0, call(i % 2 if i > 40 else 0, function={"arguments": f"{i},"}))
+          if i != 41 else choice_chunk(0, call(1, id="c1", type="function",
+                                               function={"name": "read", "arguments": "{"}))
+          for i in range(300)],
+        *[choice_chunk(1, call(0, function={"arguments": f"<{i}>"})) for i in range(90)],
+        choice_chunk(0, {"content": "between"}),
+        choice_chunk(0, call(0, id="c0", function={"name": "write", "arguments": "+"})),
+        *[choice_chunk(0, call(0, function={"arguments": f"{i}-"})) for i in range(130)],
+        choice_chunk(0, {}, "tool_calls"), choice_chunk(1, {}, "tool_calls")]),
     ("messages long text and thinking", "messages", [
         ANTHROPIC[0],
         {"type": "content_block_start", "index": 0,
