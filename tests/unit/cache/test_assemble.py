@@ -137,25 +137,28 @@ def choice_chunk(index: int, delta: dict[str, Any], finish: str | None = None,
                                           "finish_reason": finish, "logprobs": None}]}
 
 
+# Content alone (the fast path), content after a null, a refusal and a tool call between
+# pieces, two choices interleaved, head fields first named late.
+INTERLEAVED = [
+    choice_chunk(0, {"role": "assistant", "content": None}),
+    choice_chunk(1, {"role": "assistant"}),
+    choice_chunk(0, {"content": "He"}),
+    choice_chunk(1, {"content": "Bon"}),
+    choice_chunk(0, {"content": "llo"}),
+    choice_chunk(1, {"refusal": "no"}, system_fingerprint="fp_1"),
+    choice_chunk(1, {"content": "jour"}),
+    choice_chunk(0, call(0, id="call_1", type="function",
+                         function={"name": "f", "arguments": "{}"})),
+    choice_chunk(0, {"content": " world"}, service_tier="default"),
+    choice_chunk(0, {"content": ""}),
+    choice_chunk(1, {}, "stop"),
+    choice_chunk(0, {}, "tool_calls"),
+    {**BASE, "choices": [], "usage": USAGE.to_chat()},
+]
+
+
 def test_content_pieces_of_interleaved_choices_join_in_order_around_other_deltas() -> None:
-    # Content alone (the fast path), content after a null, a refusal and a tool call
-    # between pieces, two choices interleaved, head fields first named late.
-    events = [
-        choice_chunk(0, {"role": "assistant", "content": None}),
-        choice_chunk(1, {"role": "assistant"}),
-        choice_chunk(0, {"content": "He"}),
-        choice_chunk(1, {"content": "Bon"}),
-        choice_chunk(0, {"content": "llo"}),
-        choice_chunk(1, {"refusal": "no"}, system_fingerprint="fp_1"),
-        choice_chunk(1, {"content": "jour"}),
-        choice_chunk(0, call(0, id="call_1", type="function",
-                             function={"name": "f", "arguments": "{}"})),
-        choice_chunk(0, {"content": " world"}, service_tier="default"),
-        choice_chunk(0, {"content": ""}),
-        choice_chunk(1, {}, "stop"),
-        choice_chunk(0, {}, "tool_calls"),
-        {**BASE, "choices": [], "usage": USAGE.to_chat()},
-    ]
+    events = INTERLEAVED
     body = assemble("chat", events)
     assert body is not None
     first, second = (c["message"] for c in body["choices"])

@@ -31,6 +31,7 @@ from .test_assemble import (
     ANTHROPIC,
     BASE,
     INCOMPLETE,
+    INTERLEAVED,
     RESPONSES,
     STREAMS,
     USAGE,
@@ -77,22 +78,7 @@ def with_logprobs(delta: dict[str, Any], finish: str | None = None, **logprobs: 
 
 
 HAND_MADE: list[Case] = [
-    ("chat interleaved choices", "chat", [
-        choice_chunk(0, {"role": "assistant", "content": None}),
-        choice_chunk(1, {"role": "assistant"}),
-        choice_chunk(0, {"content": "He"}),
-        choice_chunk(1, {"content": "Bon"}),
-        choice_chunk(0, {"content": "llo"}),
-        choice_chunk(1, {"refusal": "no"}, system_fingerprint="fp_1"),
-        choice_chunk(1, {"content": "jour"}),
-        choice_chunk(0, call(0, id="call_1", type="function",
-                             function={"name": "f", "arguments": "{}"})),
-        choice_chunk(0, {"content": " world"}, service_tier="default"),
-        choice_chunk(0, {"content": ""}),
-        choice_chunk(1, {}, "stop"),
-        choice_chunk(0, {}, "tool_calls"),
-        {**BASE, "choices": [], "usage": USAGE.to_chat()},
-    ]),
+    ("chat interleaved choices", "chat", INTERLEAVED),
     ("chat content before the role", "chat", [
         chunk({"content": "a"}), chunk({"content": "b"}), chunk({"role": "assistant"}),
         chunk({"content": "c"}), chunk({}, "stop")]),
