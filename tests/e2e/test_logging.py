@@ -42,12 +42,28 @@ async def test_request_lines_carry_the_request_id_and_no_secrets(
                     headers={"authorization": f"Bearer {key}", "x-request-id": "trace-me"},
                     json={"model": "gpt-test",
                           "messages": [{"role": "user", "content": SECRET_PROMPT}]})
-            assert response.status_code == 200
+                assert response.status_code == 200
+                # A stream's answer too (the gateway's cache is off here).
+                async with http.stream(
+                        "POST", f"{gateway.openai_base}/chat/completions",
+                        headers={"authorization": f"Bearer {key}",
+                                 "x-request-id": "trace-stream"},
+                        json={"model": "gpt-test", "stream": True, "messages": [
+                            {"role": "user", "content": SECRET_PROMPT + "-streamed"}]},
+                ) as streamed:
+                    assert streamed.status_code == 200
+                    await streamed.aread()
     lines = [JsonFormatter().format(r) for r in caplog.records]
     text = "\n".join(lines)
     assert key not in text and MASTER_KEY not in text
     request_lines = [orjson.loads(line) for line in lines if '"message":"request"' in line]
-    assert len(request_lines) == 1
-    assert request_lines[0]["request_id"] == "trace-me"
-    assert request_lines[0]["status"] == "success"
+    assert [line["request_id"] for line in request_lines] == ["trace-me", "trace-stream"]
+    assert {line["status"] for line in request_lines} == {"success"}
     assert (SECRET_PROMPT in text) is log_prompts
+    for line in request_lines:  # the answers: only when asked for, streamed or not
+        answer = line.get("response_body")
+        if not log_prompts:
+            assert answer is None
+            continue
+        assert answer is not None and answer["object"] == "chat.completion"
+        assert answer["choices"][0]["message"]["content"]

@@ -235,15 +235,17 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
 
     async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
         # The outcome needs the first event that names the response id (all that
-        # settlement.response_id reads) and, when the response cache stores the answer,
-        # the answer: each event is folded into it as it passes (cache/assembly.py keeps
-        # the text pieces, not the events). Keeping every event (as dicts, then as wire
-        # bytes parsed again at the end) cost the collector's walks, ~90 MB at 4,096
-        # streams and ~1 us per chunk (bench/results/w6-, w9-, w10-stream.md).
+        # settlement.response_id reads) and, when the response cache stores the answer or
+        # the request's log line carries it (log_prompts), the answer: each event is
+        # folded into it as it passes (cache/assembly.py keeps the text pieces, not the
+        # events). Keeping every event (as dicts, then as wire bytes parsed again at the
+        # end) cost the collector's walks, ~90 MB at 4,096 streams and ~1 us per chunk
+        # (bench/results/w6-, w9-, w10-stream.md).
         naming: list[dict[str, Any]] | None = None  # [that event], once one came
         cache = services.cache
-        assembly = (assembler(call.api) if cache is not None and admitted.cached is None
-                    and cache.stores(call.cache) else None)
+        wanted = services.config.settings.log_prompts or (
+            cache is not None and admitted.cached is None and cache.stores(call.cache))
+        assembly = assembler(call.api) if wanted else None
         fold = assembly.feed if assembly is not None else None
         error: ProviderError | None = None
         finished = False
@@ -308,7 +310,8 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
 def _outcome_events(assembly: Assembler | None, naming: list[dict[str, Any]]
                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A finished stream's outcome: the answer its assembly made, when the response cache
-    stores it (None without one, or when the stream was no answer: nothing is stored),
+    stores it or the log line carries it (None without one, or when the stream was no
+    answer: nothing is stored or logged),
     and its events as far as :func:`settlement.response_id` reads them: ``naming``, the
     first event that names the response id (the events before it name none), or none."""
     return (assembly.result() if assembly is not None else None), naming
