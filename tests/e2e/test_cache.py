@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -129,6 +130,42 @@ async def test_a_streamed_answer_is_cached_for_later_requests(
     later = await post(gateway, key, BODY)
     assert later.headers["x-triogate-cache"] == "hit"
     assert later.json()["choices"][0]["message"]["content"]
+    assert len(upstream.requests) == 1
+
+
+async def test_a_streamed_tool_call_is_cached_whole(
+    cached: tuple[Gateway, str, str], upstream: FakeUpstream
+) -> None:
+    """The upstream streams the call's arguments a word at a time (the assembler's
+    arguments-only path); a later non-streaming client gets the call whole, as the
+    official SDK accumulated it from the stream."""
+    gateway, key, _ = cached
+    body = {**BODY, "messages": [{"role": "user", "content": "find the weather in Paris "
+                                  "and Lyon and Nice and Lille please"}],
+            "tools": [{"type": "function", "function": {
+                "name": "search", "parameters": {"type": "object", "properties": {}}}}],
+            "tool_choice": "required"}
+    client = openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=key, max_retries=0)
+    with trio.fail_after(20):
+        raw = await client.chat.completions.with_raw_response.create(**body, stream=True)
+        pieces: list[str] = []
+        call_id = None
+        async for chunk in raw.parse():
+            for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                call_id = delta_call.id or call_id
+                if delta_call.function is not None and delta_call.function.arguments:
+                    pieces.append(delta_call.function.arguments)
+        await gateway.services.settler.wait_drained()
+    assert raw.headers["x-triogate-cache"] == "miss"
+    assert len(pieces) > 5  # in pieces indeed
+    later = await post(gateway, key, body)
+    assert later.headers["x-triogate-cache"] == "hit"
+    message = later.json()["choices"][0]["message"]
+    (call,) = message["tool_calls"]
+    assert call["id"] == call_id and call["function"]["name"] == "search"
+    assert call["function"]["arguments"] == "".join(pieces)
+    assert json.loads(call["function"]["arguments"])["query"].startswith("find the weather")
+    assert later.json()["choices"][0]["finish_reason"] == "tool_calls"
     assert len(upstream.requests) == 1
 
 
