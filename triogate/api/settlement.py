@@ -112,8 +112,9 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
 
     Synchronous, with no checkpoint: whoever settles needs no shield or deadline scope
     around it (a cancellation cannot land half-way), and nothing else runs between the
-    request's last write and its accounting. A shielded scope per request was ~1.5 % of a
-    governed request's CPU at 32 connections (``bench/results/w10-cpu.md``).
+    request's last write and its accounting. Dropping the shielded scope each caller
+    entered took 1.7 % of a governed request's instructions at one connection (with
+    ``BatchScope.rounds``, ``bench/results/w10-cpu.md``).
     """
     if admitted.settled:
         return

@@ -45,6 +45,13 @@ _SET_KEYS = frozenset({"role", "index", "type", "id", "name"})
 # against ~0.5 s of forwarding them.
 _JOIN_AT = 64
 
+
+def _add_piece(pieces: list[str], piece: str) -> None:
+    """Append ``piece`` to a string's waiting pieces, joined once :data:`_JOIN_AT` wait."""
+    pieces.append(piece)
+    if len(pieces) > _JOIN_AT:
+        pieces[:] = ("".join(pieces),)
+
 # A malformed event (a missing key, a value of the wrong type, ...): not an answer we can
 # vouch for. RecursionError too: a value nested a few hundred deep parses (orjson allows
 # 1,024) but not copies, and an assembler fed inside a stream's loop must not end the
@@ -208,9 +215,7 @@ class ChatAssembler(Assembler):
                 pieces = texts.get(index)
                 if pieces is not None and len(delta) == 1 and isinstance(
                         text := delta.get("content"), str):
-                    pieces.append(text)
-                    if len(pieces) > _JOIN_AT:
-                        pieces[:] = ("".join(pieces),)
+                    _add_piece(pieces, text)
                     state = choices[index]
                 else:
                     if index in choices:
@@ -264,10 +269,7 @@ class ChatAssembler(Assembler):
             if not isinstance(target, dict) or not isinstance(target.get("arguments"), str):
                 return False
             waiting = self._args[key] = (target, [target["arguments"]])
-        pieces = waiting[1]
-        pieces.append(piece)
-        if len(pieces) > _JOIN_AT:
-            pieces[:] = ("".join(pieces),)
+        _add_piece(waiting[1], piece)
         return True
 
     def _join_arguments(self, index: int | None = None) -> None:
@@ -396,9 +398,7 @@ class MessagesAssembler(Assembler):
         if pieces is not None:
             if not isinstance(piece, str):
                 raise TypeError(f"a {field} piece is not a string")
-            pieces.append(piece)
-            if len(pieces) > _JOIN_AT:
-                pieces[:] = ("".join(pieces),)
+            _add_piece(pieces, piece)
             return
         value = block[field] = block.get(field, "") + piece  # a new field takes its place
         if isinstance(value, str):
