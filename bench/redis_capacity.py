@@ -186,10 +186,14 @@ def _info(conn: socket.socket) -> dict[str, Any]:
     return out
 
 
-def _replay(path: str, copies: list[list[tuple[bytes, int]]], gap_s: float = 0.0) -> float:
+def _replay(path: str, copies: list[list[tuple[bytes, int]]], gap_s: float = 0.0,
+            group: int = 1) -> float:
     """Each copy on its own connection, one pipeline in flight each; a connection waits
     ``gap_s`` between a pipeline's last reply and its next pipeline (a gateway's own work
-    between its requests' rounds). Returns wall seconds."""
+    between its requests' rounds). ``group`` > 1 sends that many consecutive pipelines in
+    one write (what a gateway coalescing the rounds of its concurrent requests would
+    send) and waits ``gap_s * group`` after their replies, so the rate stays that of
+    ``group`` 1. Returns wall seconds."""
     import hiredis
 
     sel = selectors.DefaultSelector()
@@ -201,9 +205,10 @@ def _replay(path: str, copies: list[list[tuple[bytes, int]]], gap_s: float = 0.0
     waiting: list[tuple[float, int]] = []  # (when, index into conns): heap of paused sends
 
     def send_next(conn: socket.socket, state: dict[str, Any]) -> None:
-        packed, count = state["copy"][state["next"]]
-        state["next"] += 1
-        state["want"] = count
+        taken = state["copy"][state["next"]:state["next"] + group]
+        state["next"] += len(taken)
+        packed = b"".join(p for p, _ in taken)
+        state["want"] = sum(c for _, c in taken)
         conn.setblocking(True)
         conn.sendall(packed)
         conn.setblocking(False)
@@ -235,7 +240,8 @@ def _replay(path: str, copies: list[list[tuple[bytes, int]]], gap_s: float = 0.0
                 sel.unregister(conn)
                 live -= 1
             elif gap_s:
-                heapq.heappush(waiting, (time.perf_counter() + gap_s, index[id(state)]))
+                heapq.heappush(waiting,
+                               (time.perf_counter() + gap_s * group, index[id(state)]))
             else:
                 send_next(conn, state)  # type: ignore[arg-type]
         now = time.perf_counter()
@@ -275,19 +281,21 @@ def replay(args: argparse.Namespace, folder: Path, captured: dict[str, Any]) -> 
         # One warm-up copy: keys created, allocator warm.
         _replay(str(sock), [_copy(pipelines, b"-w")])
         for rnd in range(args.rounds):
-            for c, gap_ms in [(c, g) for c in args.concurrency for g in args.gap_ms]:
-                copies = [_copy(pipelines, f"-{rnd}-{c}-{gap_ms:g}-{i}".encode())
+            for c, gap_ms, group in [(c, g, k) for c in args.concurrency
+                                     for g in args.gap_ms for k in args.group]:
+                copies = [_copy(pipelines, f"-{rnd}-{c}-{gap_ms:g}-{group}-{i}".encode())
                           for i in range(c)]
                 before = _info(probe)
                 cpu0 = time.process_time()
-                wall = _replay(str(sock), copies, gap_ms / 1000)
+                wall = _replay(str(sock), copies, gap_ms / 1000, group)
                 driver = time.process_time() - cpu0
                 after = _info(probe)
                 n = args.requests * c
                 cpu = (after["used_cpu_sys"] + after["used_cpu_user"]
                        - before["used_cpu_sys"] - before["used_cpu_user"])
                 rows.append({
-                    "round": rnd + 1, "concurrency": c, "gap_ms": gap_ms, "requests": n,
+                    "round": rnd + 1, "concurrency": c, "gap_ms": gap_ms, "group": group,
+                    "requests": n,
                     "pipelines_per_request": round(len(pipelines) / args.requests, 3),
                     "req_per_s": round(n / wall), "server_cpu_ms_per_request": cpu * 1000 / n,
                     "server_core_share": cpu / wall, "driver_core_share": driver / wall,
@@ -296,7 +304,8 @@ def replay(args: argparse.Namespace, folder: Path, captured: dict[str, Any]) -> 
                     "commandstats_us_per_request": (after["usec"] - before["usec"]) / n,
                     "pinned": pinned})
                 r = rows[-1]
-                print(f"round {rnd + 1} C={c:>4} gap {gap_ms:g} ms: {r['req_per_s']:>6} req/s, "
+                print(f"round {rnd + 1} C={c:>4} gap {gap_ms:g} ms group {group}: "
+                      f"{r['req_per_s']:>6} req/s, "
                       f"server "
                       f"{r['server_cpu_ms_per_request']:.3f} ms/req (sys "
                       f"{r['sys_ms_per_request']:.3f}), server core {r['server_core_share']:.0%}"
@@ -317,6 +326,8 @@ def main() -> None:
                         help="connections of the captured run (sets the settler's groups)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--group", type=int, nargs="+", default=[1],
+                        help="consecutive pipelines sent in one write per connection")
     parser.add_argument("--gap-ms", type=float, nargs="+", default=[0.0],
                         help="pause of each connection between its pipelines (a gateway's own "
                              "work between rounds); every concurrency runs with every gap")
