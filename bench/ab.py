@@ -13,7 +13,9 @@ A tree given as ``TREE@JSON`` gets JSON merged into its own ``triogate:`` settin
 The gateways' log lines are counted per message at the end (timeouts, journaling).
 ``--paired`` loads every tree at the same time (one wrk each): on a shared host whose
 load moves from minute to minute, that weighs on all trees alike, where alternating
-points only spread it out.
+points only spread it out. ``--pin-redis`` gives Redis (all its threads) the last CPU to
+itself and everything else the others, as a Redis on its own machine would be: what the
+server costs per request when it does not share its core with the gateway.
 """
 
 import argparse
@@ -71,11 +73,21 @@ def main() -> None:
                    "at that moment weighs on all alike; CPU per request is each gateway's")
     p.add_argument("--extra", default="", help="JSON merged into triogate: (not for a "
                    "tree whose path contains 'base', which may not know the settings)")
+    p.add_argument("--pin-redis", action="store_true",
+                   help="Redis alone on the last CPU, the rest on the others")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ab-"))
     logs = work / "logs"
     logs.mkdir()
+    cpus = sorted(os.sched_getaffinity(0))
+    if a.pin_redis:
+        if len(cpus) < 2:
+            raise SystemExit("--pin-redis needs two CPUs")
+        os.sched_setaffinity(0, cpus[:-1])  # inherited by every process started below
     redis, rport = procs.start_redis(logs)
+    if a.pin_redis:
+        subprocess.run(["taskset", "-a", "-cp", str(cpus[-1]), str(redis.pid)], check=True,
+                       capture_output=True)
     up, upurl = procs.start_upstream(logs, latency_ms=a.latency_ms, api_key=L.UPSTREAM_KEY)
     gws = []
     try:
