@@ -1,6 +1,6 @@
 """Stream scale: thousands of long, mostly idle streams through one gateway worker.
 
-    cc -O2 -o /tmp/streamtool bench/streamtool.c      # done by this script if missing
+    cc -O2 -o /tmp/streamtool-HASH bench/streamtool.c  # done by this script if missing
     python bench/streams.py --streams 4096 --rate 1024  # results/streams.{json,md}
 
 Both ends are ``bench/streamtool.c`` (C, one epoll loop each), so that neither is the
@@ -18,11 +18,18 @@ gateway's peak RSS. The gateway's CPU per forwarded chunk is the difference betw
 two gateway runs divided by the difference in chunks (admission and settlement cancel
 out). Accounting: the key's spend in Redis after the run must be exactly streams x
 (10 prompt tokens x 1,000 + chunks x 2,000) nano-USD, with nothing left reserved.
+
+With ``--relay``, before the gateway starts: the same two runs through ``streamtool
+relay`` (C, one epoll loop: read the request, open an upstream connection, then one recv
+and one send per upstream read, nothing parsed), the floor a gateway's CPU per chunk is
+set against on this host; ``--relay-scan`` adds the relay searching each read for SSE
+event boundaries. The relay's counters (system calls, reads) are read by SIGUSR1.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import signal
 import subprocess
@@ -41,15 +48,19 @@ import psutil
 import yaml
 
 BENCH = Path(__file__).resolve().parent
-TOOL = Path("/tmp/streamtool")
+# Named by its source's hash: another tree's streams.py (another streamtool.c) on the same
+# host neither rebuilds it under a running benchmark nor runs it.
+TOOL = Path("/tmp/streamtool-"
+            + hashlib.sha256((BENCH / "streamtool.c").read_bytes()).hexdigest()[:12])
 PROMPT_TOKENS = 10  # what streamtool's usage chunk reports
 IN_NANOUSD, OUT_NANOUSD = 1_000, 2_000  # load.gateway_yaml's prices per token
 
 
 def build_tool() -> Path:
     source = BENCH / "streamtool.c"
-    if not TOOL.exists() or TOOL.stat().st_mtime < source.stat().st_mtime:
-        subprocess.run(["cc", "-O2", "-o", str(TOOL), str(source)], check=True)
+    if not TOOL.exists():
+        subprocess.run(["cc", "-O2", "-o", f"{TOOL}.tmp", str(source)], check=True)
+        Path(f"{TOOL}.tmp").rename(TOOL)
     return TOOL
 
 
@@ -60,6 +71,45 @@ def client(port: int, *, streams: int, rate: float, auth: str, model: str, chunk
                          timeout=timeout_s + 30)
     result: dict[str, Any] = orjson.loads(out.stdout)
     return result
+
+
+def relay_counters(relay: procs.Proc) -> dict[str, float]:
+    """The relay's cumulative counters and own CPU: SIGUSR1 prints them to its log."""
+    lines = len(relay.log.read_text().splitlines())
+    relay.popen.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 5
+    while len(text := relay.log.read_text().splitlines()) == lines:
+        if time.monotonic() > deadline:
+            raise procs.BenchError(f"relay gave no counters: {relay.log_tail()}")
+        time.sleep(0.05)
+    counters: dict[str, float] = orjson.loads(text[-1])
+    return counters
+
+
+def relay_runs(a: argparse.Namespace, logs: Path, base: dict[str, list[psutil.Process]],
+               uport: int, common: dict[str, Any]) -> list[dict[str, Any]]:
+    """The C relay's runs, --chunks then --baseline-chunks (and the same with scan)."""
+    runs = []
+    for variant in ["C relay", "C relay + scan"][:1 + a.relay_scan]:
+        rport = procs.free_port()
+        relay = procs.Proc.start("relay", [str(TOOL), "relay", str(rport), str(uport)]
+                                 + ["scan"] * ("scan" in variant), logs)
+        procs.wait_tcp(rport, relay)
+        watch = {**base, "relay": [psutil.Process(relay.pid)]}
+        try:
+            for chunks in (a.chunks, a.baseline_chunks):
+                before = relay_counters(relay)
+                run = measured(f"{variant}, {chunks} chunks", watch,
+                               lambda chunks=chunks, port=rport: client(
+                                   port, auth=f"Bearer {L.UPSTREAM_KEY}", model="up-a",
+                                   chunks=chunks, **common))
+                after = relay_counters(relay)
+                run["chunks"] = chunks
+                run["relay_counters"] = {k: round(after[k] - before[k], 6) for k in after}
+                runs.append(run)
+        finally:
+            relay.stop()
+    return runs
 
 
 def key_budget(url: str, key: str) -> dict[str, Any]:
@@ -125,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="py-spy the worker during the full-chunk run (not timed: it slows "
                    "the worker), raw stacks to this file, a summary to the JSON")
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    p.add_argument("--relay", action="store_true",
+                   help="also run the two ends through `streamtool relay` (the C floor)")
+    p.add_argument("--relay-scan", action="store_true",
+                   help="with --relay, also through the relay that scans for SSE events")
     p.add_argument("--out", type=Path, default=L.OUT)
     a = p.parse_args(argv)
     build_tool()
@@ -143,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         common = {"streams": a.streams, "rate": a.rate, "timeout_s": a.timeout_s}
         runs.append(measured("upstream alone", base, lambda: client(
             uport, auth=f"Bearer {L.UPSTREAM_KEY}", model="up-a", chunks=a.chunks, **common)))
+        if a.relay:
+            runs += relay_runs(a, logs, base, uport, common)
         cfg = L.gateway_yaml(work / "state", f"http://127.0.0.1:{uport}")
         config = work / "gateway.yaml"
         # No refusals here: max_in_flight 0 (gateway_yaml), and the admission gate keeps
@@ -190,12 +246,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summarise(a: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    alone, full, short = runs
+def per_chunk_us(a: argparse.Namespace, full: dict[str, Any], short: dict[str, Any],
+                 part: str) -> tuple[float | None, float]:
+    """``part``'s CPU per forwarded chunk: marginal (the two runs' difference over the
+    difference in chunks) and all-in (the full run's CPU over its chunks)."""
     chunk_diff = (full["ok"] * a.chunks - short["ok"] * a.baseline_chunks)
-    per_chunk_us = ((full["cpu_s"]["gateway"] - short["cpu_s"]["gateway"]) * 1e6 / chunk_diff
-                    if chunk_diff > 0 else None)
+    marginal = ((full["cpu_s"][part] - short["cpu_s"][part]) * 1e6 / chunk_diff
+                if chunk_diff > 0 else None)
+    return marginal, full["cpu_s"][part] * 1e6 / max(full["ok"] * a.chunks, 1)
+
+
+def relay_summary(a: argparse.Namespace, alone: dict[str, Any], full: dict[str, Any],
+                  short: dict[str, Any]) -> dict[str, Any]:
+    marginal, all_in = per_chunk_us(a, full, short, "relay")
+    counted = full["relay_counters"]
+    chunks = max(full["ok"] * a.chunks, 1)
+    syscalls = sum(counted[k] for k in ("epoll_waits", "recvs", "sends", "epoll_ctls",
+                                        "accepts", "connects", "closes"))
+    return {
+        "streams_completed": f"{full['ok']}/{full['streams']}",
+        "cpu_us_per_chunk_marginal": None if marginal is None else round(marginal, 2),
+        "cpu_us_per_chunk_all_in": round(all_in, 2),
+        "added_ttft_p99_ms": round((full["ttft_us"]["p99"] - alone["ttft_us"]["p99"]) / 1000, 2),
+        "own_cpu_s": round(counted["user_s"] + counted["sys_s"], 3),
+        "own_sys_share": round(counted["sys_s"] / max(counted["user_s"] + counted["sys_s"],
+                                                      1e-9), 3),
+        "syscalls_per_chunk_all_in": round(syscalls / chunks, 2),
+        "upstream_reads_per_chunk": round(counted["up_reads"] / chunks, 3),
+        "upstream_reads_per_epoll_wait": round(counted["up_reads"]
+                                               / max(counted["epoll_waits"], 1), 1),
+    }
+
+
+def summarise(a: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    alone, full, short = runs[0], runs[-2], runs[-1]
+    marginal, all_in = per_chunk_us(a, full, short, "gateway")
     upstream_events = alone["events"] or 1
+    relays = [run for run in runs if "relay_counters" in run]
+    relay = {run["label"].split(",")[0]: relay_summary(a, alone, run, relays[i + 1])
+             for i, run in enumerate(relays) if run["chunks"] == a.chunks}
     return {
         "settings": {"streams": a.streams, "rate_per_s": a.rate, "chunks": a.chunks,
                      "baseline_chunks": a.baseline_chunks, "interval_ms": a.interval_ms,
@@ -206,10 +295,9 @@ def summarise(a: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, An
             "peak_open_streams": full["peak_open"],
             "added_ttft_p99_ms": round((full["ttft_us"]["p99"] - alone["ttft_us"]["p99"]) / 1000,
                                        2),
-            "gateway_cpu_us_per_chunk_marginal": None if per_chunk_us is None
-            else round(per_chunk_us, 1),
-            "gateway_cpu_us_per_chunk_all_in": round(
-                full["cpu_s"]["gateway"] * 1e6 / max(full["ok"] * a.chunks, 1), 1),
+            "gateway_cpu_us_per_chunk_marginal": None if marginal is None
+            else round(marginal, 1),
+            "gateway_cpu_us_per_chunk_all_in": round(all_in, 1),
             "gateway_peak_rss_mib": round(full["gateway_peak_rss_kib"] / 1024, 1),
             "accounted": full["spend_nanousd"] == full["expected_spend_nanousd"]
             and not full["reserved_nanousd_after"],
@@ -217,6 +305,7 @@ def summarise(a: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, An
                 "upstream": round(alone["cpu_s"]["upstream"] * 1e6 / upstream_events, 2),
                 "client": round(alone["client_cpu_s"] * 1e6 / upstream_events, 2)},
         },
+        **({"relay": relay} if relay else {}),
     }
 
 
@@ -230,7 +319,8 @@ def markdown(r: dict[str, Any]) -> str:
         "CPUs. Baseline run for the per-chunk cost: "
         f"{s['baseline_chunks']} chunks.", "",
         "| run | completed | peak open | TTFE p50 ms | TTFE p99 ms | stream p99 s "
-        "| CPU s gateway · upstream · redis · client | spend nUSD (expected) | reserved after "
+        f"| CPU s gateway{' (or relay)' if 'relay' in r else ''} · upstream · redis · client "
+        "| spend nUSD (expected) | reserved after "
         "| gateway peak RSS MiB | other CPU | canary ms |",
         "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"]
     for run in r["runs"]:
@@ -240,7 +330,8 @@ def markdown(r: dict[str, Any]) -> str:
             f"status {run['bad_status']}, unfinished {run['unfinished']}) | {run['peak_open']} "
             f"| {run['ttft_us']['p50'] / 1000:.1f} | {run['ttft_us']['p99'] / 1000:.1f} "
             f"| {run['duration_us']['p99'] / 1e6:.2f} "
-            f"| {cpu.get('gateway', 0):.2f} · {cpu['upstream']:.2f} · {cpu['redis']:.2f} · "
+            f"| {cpu.get('gateway', cpu.get('relay', 0)):.2f} · {cpu['upstream']:.2f} · "
+            f"{cpu['redis']:.2f} · "
             f"{run['client_cpu_s']:.2f} "
             f"| {run.get('spend_nanousd', '-')} ({run.get('expected_spend_nanousd', '-')}) "
             f"| {run.get('reserved_nanousd_after', '-')} "
@@ -260,6 +351,16 @@ def markdown(r: dict[str, Any]) -> str:
               f"{g['ends_alone_cpu_us_per_event']['client']} µs | not the bottleneck |", "",
               "TTFE: time from a request's send to its first SSE event at the client. "
               "Events per stream = chunks + finish + usage + [DONE]."]
+    if "relay" in r:
+        lines += ["", "| C relay (streamtool relay) | completed | CPU µs per chunk marginal "
+                  "· all-in | added TTFE p99 ms | own CPU s (sys share) | system calls per "
+                  "chunk, all-in | upstream reads per chunk | upstream reads per epoll_wait |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {name} | {v['streams_completed']} | {v['cpu_us_per_chunk_marginal']} · "
+                  f"{v['cpu_us_per_chunk_all_in']} | {v['added_ttft_p99_ms']} "
+                  f"| {v['own_cpu_s']} ({v['own_sys_share']:.0%}) "
+                  f"| {v['syscalls_per_chunk_all_in']} | {v['upstream_reads_per_chunk']} "
+                  f"| {v['upstream_reads_per_epoll_wait']} |" for name, v in r["relay"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,19 @@
  *       streaming chat completion to /v1/chat/completions; reads each to [DONE]. Prints one
  *       JSON line: per-stream time to first event (from the request's send), duration,
  *       events, status; peak concurrent open streams; its own CPU.
+ *   streamtool relay LISTEN_PORT UPSTREAM_PORT [scan]
+ *       The least a gateway can do per chunk, for a floor to set the gateway's CPU against:
+ *       for each accepted connection, read one request (head + content-length body), open a
+ *       fresh TCP connection to 127.0.0.1:UPSTREAM_PORT (no pool), write the request to it
+ *       unchanged, then relay bytes both ways as they come: one recv and one send per
+ *       upstream read, level-triggered so that one readiness wakes one recv (no second recv
+ *       to see EAGAIN); a short send keeps the rest and stops reading upstream until the
+ *       client drains it. No response parsing: streamtool client sends one request per
+ *       connection and closes it once it has read [DONE], so the relay closes the pair when
+ *       either side closes (after flushing what the upstream sent last). With "scan", each
+ *       upstream read is also searched for SSE event boundaries ("\n\n", memmem), counted.
+ *       SIGUSR1 prints one JSON line of cumulative counters (system calls, reads, bytes,
+ *       events, streams) and its own CPU to stdout.
  *
  * Linux only (epoll). Latencies in microseconds.
  */
@@ -21,6 +34,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -411,6 +425,229 @@ static int run_client(int port, int streams, double rate, const char *auth, cons
     return 0;
 }
 
+/* ------------------------------------------------------------------ relay */
+
+/* One client connection and the upstream connection opened for it. */
+typedef struct {
+    int cfd, ufd;        /* ufd -1 until the request is complete */
+    buf_t req;           /* the request, until it is complete */
+    buf_t to_c, to_u;    /* what a short send left for each side */
+    uint32_t cev, uev;   /* the events registered for each fd */
+    int up_eof;          /* the upstream closed: close the client once to_c is flushed */
+    char carry;          /* scan: the last byte of the previous upstream read */
+} rl_pair;
+
+static rl_pair *rl_by_fd[MAXFD];
+static uint32_t rl_gen[MAXFD];   /* a registration's generation, against stale events */
+static int rl_epfd, rl_scan;
+static volatile sig_atomic_t rl_report;
+static struct {
+    long epoll_waits, recvs, sends, ctls, accepts, connects, closes;
+    long up_reads, up_bytes, short_sends, sse_events, streams, failed;
+} rl;
+
+static void rl_usr1(int sig) { (void)sig; rl_report = 1; }
+
+static void rl_set(int fd, uint32_t *cur, uint32_t want, int op) {
+    if (op == EPOLL_CTL_MOD && *cur == want) return;
+    struct epoll_event ev = {.events = want, .data.u64 = ((uint64_t)rl_gen[fd] << 32) | (uint32_t)fd};
+    epoll_ctl(rl_epfd, op, fd, &ev);
+    rl.ctls++;
+    *cur = want;
+}
+
+static void rl_close(rl_pair *p) {
+    /* close() removes an fd from the epoll set (no epoll_ctl DEL needed: no dup'ed fds). */
+    close(p->cfd);
+    rl_by_fd[p->cfd] = NULL;
+    rl_gen[p->cfd]++;
+    rl.closes++;
+    if (p->ufd >= 0) {
+        close(p->ufd);
+        rl_by_fd[p->ufd] = NULL;
+        rl_gen[p->ufd]++;
+        rl.closes++;
+    }
+    free(p->req.data);
+    free(p->to_c.data);
+    free(p->to_u.data);
+    free(p);
+}
+
+/* Send n bytes (after whatever is already waiting) to fd; 0 or -1 on error. */
+static int rl_send(int fd, buf_t *pending, const char *data, size_t n) {
+    if (pending->len) {
+        buf_add(pending, data, n);
+        return 0;
+    }
+    rl.sends++;
+    ssize_t w = send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        w = 0;
+    }
+    if ((size_t)w < n) {
+        rl.short_sends++;
+        buf_add(pending, data + w, n - (size_t)w);
+    }
+    return 0;
+}
+
+static int rl_flush(int fd, buf_t *b) {
+    if (!b->len) return 0;
+    rl.sends++;
+    return buf_flush(fd, b);
+}
+
+/* Register what each side waits for: the client is read (for its close, or bytes for the
+ * upstream) unless the upstream has its last bytes to take, and written when to_c holds
+ * bytes; the upstream is read only while to_c is empty (back-pressure), and written while
+ * it connects or to_u holds bytes. */
+static void rl_arm(rl_pair *p) {
+    rl_set(p->cfd, &p->cev, EPOLLIN | (p->to_c.len ? EPOLLOUT : 0), EPOLL_CTL_MOD);
+    if (p->ufd >= 0)
+        rl_set(p->ufd, &p->uev, (p->to_c.len || p->up_eof ? 0 : EPOLLIN)
+               | (p->to_u.len ? EPOLLOUT : 0), EPOLL_CTL_MOD);
+}
+
+/* The request in p->req complete? Open the upstream connection and hand it over. */
+static int rl_request(rl_pair *p, int port) {
+    char *end = memmem(p->req.data, p->req.len, "\r\n\r\n", 4);
+    if (!end) return 0;
+    size_t head = (size_t)(end - p->req.data) + 4;
+    long body = 0;
+    for (char *q = p->req.data; q < end; q++) {
+        if ((*q == 'c' || *q == 'C') && strncasecmp(q, "content-length:", 15) == 0) {
+            body = atol(q + 15);
+            break;
+        }
+    }
+    if (p->req.len < head + (size_t)body) return 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || fd >= MAXFD) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    nonblock(fd);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    rl.connects++;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS) {
+        close(fd);
+        return -1;
+    }
+    p->ufd = fd;
+    rl_by_fd[fd] = p;
+    p->to_u = p->req; /* sent once connected (EPOLLOUT), unchanged, with anything after it */
+    p->req = (buf_t){0};
+    rl_set(fd, &p->uev, EPOLLIN | EPOLLOUT, EPOLL_CTL_ADD);
+    rl.streams++;
+    return 0;
+}
+
+static void rl_print(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("{\"epoll_waits\":%ld,\"recvs\":%ld,\"sends\":%ld,\"epoll_ctls\":%ld,\"accepts\":%ld,"
+           "\"connects\":%ld,\"closes\":%ld,\"up_reads\":%ld,\"up_bytes\":%ld,"
+           "\"short_sends\":%ld,\"sse_events\":%ld,\"streams\":%ld,\"failed\":%ld,"
+           "\"user_s\":%.6f,\"sys_s\":%.6f}\n",
+           rl.epoll_waits, rl.recvs, rl.sends, rl.ctls, rl.accepts, rl.connects, rl.closes,
+           rl.up_reads, rl.up_bytes, rl.short_sends, rl.sse_events, rl.streams, rl.failed,
+           ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+           ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+    fflush(stdout);
+}
+
+static int run_relay(int port, int up_port) {
+    signal(SIGUSR1, rl_usr1);
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(ls, (struct sockaddr *)&a, sizeof a) < 0) die("bind");
+    if (listen(ls, 8192) < 0) die("listen");
+    nonblock(ls);
+    rl_epfd = epoll_create1(0);
+    struct epoll_event lev = {.events = EPOLLIN, .data.u64 = (uint32_t)ls};
+    epoll_ctl(rl_epfd, EPOLL_CTL_ADD, ls, &lev);
+    struct epoll_event evs[512];
+    char tmp[16384];
+    for (;;) {
+        if (rl_report) {
+            rl_report = 0;
+            rl_print();
+        }
+        int n = epoll_wait(rl_epfd, evs, 512, -1);
+        rl.epoll_waits++;
+        for (int i = 0; i < n; i++) {
+            int fd = (int)(uint32_t)evs[i].data.u64;
+            uint32_t e = evs[i].events;
+            if (fd == ls) {
+                int cfd;
+                while ((rl.accepts++, cfd = accept(ls, NULL, NULL)) >= 0) {
+                    if (cfd >= MAXFD) { close(cfd); continue; }
+                    nonblock(cfd);
+                    rl_pair *p = calloc(1, sizeof *p);
+                    p->cfd = cfd;
+                    p->ufd = -1;
+                    rl_by_fd[cfd] = p;
+                    rl_set(cfd, &p->cev, EPOLLIN, EPOLL_CTL_ADD);
+                }
+                continue;
+            }
+            rl_pair *p = rl_by_fd[fd];
+            if (!p || (uint32_t)(evs[i].data.u64 >> 32) != rl_gen[fd]) continue; /* stale */
+            int fail = 0;
+            if (fd == p->ufd) {
+                if ((e & EPOLLOUT) && rl_flush(fd, &p->to_u) < 0) fail = 1;
+                if (!fail && (e & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !p->to_c.len) {
+                    rl.recvs++;
+                    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
+                    if (r > 0) {
+                        rl.up_reads++;
+                        rl.up_bytes += r;
+                        if (rl_scan) {
+                            if (p->carry == '\n' && tmp[0] == '\n') rl.sse_events++;
+                            for (const char *q = tmp, *end = tmp + r;
+                                 (q = memmem(q, (size_t)(end - q), "\n\n", 2)) != NULL; q += 2)
+                                rl.sse_events++;
+                            p->carry = tmp[r - 1];
+                        }
+                        if (rl_send(p->cfd, &p->to_c, tmp, (size_t)r) < 0) fail = 1;
+                    } else if (r == 0) {
+                        p->up_eof = 1;
+                    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                        fail = 1;
+                    }
+                }
+                if (!fail && p->up_eof && !p->to_c.len) fail = 1; /* all relayed: done */
+            } else {
+                if ((e & EPOLLOUT) && rl_flush(fd, &p->to_c) < 0) fail = 1;
+                if (!fail && p->up_eof && !p->to_c.len) fail = 1;
+                if (!fail && (e & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
+                    rl.recvs++;
+                    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
+                    if (r > 0) {
+                        if (p->ufd >= 0) {
+                            if (rl_send(p->ufd, &p->to_u, tmp, (size_t)r) < 0) fail = 1;
+                        } else {
+                            buf_add(&p->req, tmp, (size_t)r);
+                            if (rl_request(p, up_port) < 0) { fail = 1; rl.failed++; }
+                        }
+                    } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                        fail = 1; /* the client is done (after [DONE]) or gone */
+                    }
+                }
+            }
+            if (fail) rl_close(p);
+            else rl_arm(p);
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     struct rlimit rl = {MAXFD, MAXFD};
     setrlimit(RLIMIT_NOFILE, &rl);
@@ -419,9 +656,15 @@ int main(int argc, char **argv) {
     if (argc == 9 && strcmp(argv[1], "client") == 0)
         return run_client(atoi(argv[2]), atoi(argv[3]), atof(argv[4]), argv[5], argv[6],
                           atoi(argv[7]), atof(argv[8]));
+    if ((argc == 4 || (argc == 5 && strcmp(argv[4], "scan") == 0)) &&
+        strcmp(argv[1], "relay") == 0) {
+        rl_scan = argc == 5;
+        return run_relay(atoi(argv[2]), atoi(argv[3]));
+    }
     fprintf(stderr,
             "usage: %s upstream PORT INTERVAL_MS\n"
-            "       %s client PORT STREAMS RATE_PER_S AUTH MODEL MAX_TOKENS TIMEOUT_S\n",
-            argv[0], argv[0]);
+            "       %s client PORT STREAMS RATE_PER_S AUTH MODEL MAX_TOKENS TIMEOUT_S\n"
+            "       %s relay LISTEN_PORT UPSTREAM_PORT [scan]\n",
+            argv[0], argv[0], argv[0]);
     return 2;
 }
