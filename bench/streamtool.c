@@ -201,8 +201,8 @@ static void up_want_out(up_conn *c) {
     c->want_out = want;
 }
 
-static int run_upstream(int port, double interval_ms) {
-    int64_t interval = (int64_t)(interval_ms * 1000);
+/* A non-blocking listening socket on 127.0.0.1:PORT (the upstream's and the relay's). */
+static int listen_loopback(int port) {
     int ls = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -211,6 +211,12 @@ static int run_upstream(int port, double interval_ms) {
     if (bind(ls, (struct sockaddr *)&a, sizeof a) < 0) die("bind");
     if (listen(ls, 8192) < 0) die("listen");
     nonblock(ls);
+    return ls;
+}
+
+static int run_upstream(int port, double interval_ms) {
+    int64_t interval = (int64_t)(interval_ms * 1000);
+    int ls = listen_loopback(port);
     up_epfd = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = ls};
     epoll_ctl(up_epfd, EPOLL_CTL_ADD, ls, &ev);
@@ -561,14 +567,7 @@ static void rl_print(void) {
 
 static int run_relay(int port, int up_port) {
     signal(SIGUSR1, rl_usr1);
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(ls, (struct sockaddr *)&a, sizeof a) < 0) die("bind");
-    if (listen(ls, 8192) < 0) die("listen");
-    nonblock(ls);
+    int ls = listen_loopback(port);
     rl_epfd = epoll_create1(0);
     struct epoll_event lev = {.events = EPOLLIN, .data.u64 = (uint32_t)ls};
     epoll_ctl(rl_epfd, EPOLL_CTL_ADD, ls, &lev);
