@@ -163,20 +163,27 @@ static int json_int(const char *body, size_t len, const char *name) {
     return atoi(p);
 }
 
-/* A request complete in c->in? Start its stream. */
-static void up_parse(up_conn *c, int64_t now) {
-    if (c->streaming || c->in.len == 0) return;
-    char *end = memmem(c->in.data, c->in.len, "\r\n\r\n", 4);
-    if (!end) return;
-    size_t head = (size_t)(end - c->in.data) + 4;
-    long body = 0;
-    for (char *p = c->in.data; p < end; p++) {
+/* Does data hold a whole request (head + content-length body)? Its head's and body's sizes. */
+static int request_complete(const char *data, size_t len, size_t *head, long *body) {
+    const char *end = memmem(data, len, "\r\n\r\n", 4);
+    if (!end) return 0;
+    *head = (size_t)(end - data) + 4;
+    *body = 0;
+    for (const char *p = data; p < end; p++) {
         if ((*p == 'c' || *p == 'C') && strncasecmp(p, "content-length:", 15) == 0) {
-            body = atol(p + 15);
+            *body = atol(p + 15);
             break;
         }
     }
-    if (c->in.len < head + (size_t)body) return;
+    return len >= *head + (size_t)*body;
+}
+
+/* A request complete in c->in? Start its stream. */
+static void up_parse(up_conn *c, int64_t now) {
+    if (c->streaming || c->in.len == 0) return;
+    size_t head;
+    long body;
+    if (!request_complete(c->in.data, c->in.len, &head, &body)) return;
     int n = json_int(c->in.data + head, (size_t)body, "\"max_completion_tokens\"");
     if (n <= 0) n = json_int(c->in.data + head, (size_t)body, "\"max_tokens\"");
     if (n <= 0) n = 100;
@@ -518,17 +525,9 @@ static void rl_arm(rl_pair *p) {
 
 /* The request in p->req complete? Open the upstream connection and hand it over. */
 static int rl_request(rl_pair *p, int port) {
-    char *end = memmem(p->req.data, p->req.len, "\r\n\r\n", 4);
-    if (!end) return 0;
-    size_t head = (size_t)(end - p->req.data) + 4;
-    long body = 0;
-    for (char *q = p->req.data; q < end; q++) {
-        if ((*q == 'c' || *q == 'C') && strncasecmp(q, "content-length:", 15) == 0) {
-            body = atol(q + 15);
-            break;
-        }
-    }
-    if (p->req.len < head + (size_t)body) return 0;
+    size_t head;
+    long body;
+    if (!request_complete(p->req.data, p->req.len, &head, &body)) return 0;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0 || fd >= MAXFD) {
         if (fd >= 0) close(fd);
