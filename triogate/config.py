@@ -16,7 +16,6 @@ values are resolved here from the mapping the caller passes (``cli.py`` passes
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from decimal import Decimal, InvalidOperation
@@ -38,9 +37,11 @@ if TYPE_CHECKING:
 
 PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "mock")
 # Azure OpenAI and LiteLLM's OpenAI-compatible provider names (config_litellm).
-PROVIDERS += ("azure", *config_litellm.COMPAT_PROVIDERS)
+#: Provider names served by the OpenAI-compatible provider.
+OPENAI_COMPATIBLE: tuple[str, ...] = tuple(config_litellm.COMPAT_PROVIDERS)
+PROVIDERS += ("azure", *OPENAI_COMPATIBLE)
 #: Providers whose deployments must be priced: by the config or the packaged table.
-PRICE_REQUIRED = ("azure", *config_litellm.COMPAT_PROVIDERS)
+PRICE_REQUIRED = ("azure", *OPENAI_COMPATIBLE)
 #: Where Entra ID issues tokens (``azure_authority_host``; LiteLLM's AZURE_AUTHORITY_HOST).
 AZURE_AUTHORITY_HOST = "https://login.microsoftonline.com"
 AZURE_API_VERSION = "2024-10-21"
@@ -656,7 +657,7 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
     timeout_s = params.timeout or default_timeout_s
     priced = params.input_cost_per_token is not None or params.output_cost_per_token is not None
     if provider in PRICE_REQUIRED and not priced and "*" not in upstream:
-        table = _listed_price(provider, upstream, entry.model_info)
+        table = config_litellm.listed_price(provider, upstream, entry.model_info)
         if table is None:
             raise ConfigError(
                 f"{path}: no price for {params.model!r} (not in the packaged price table): "
@@ -734,23 +735,6 @@ def _azure(params: LitellmParams, environ: Mapping[str, str], path: str) -> Azur
         token_url=token_url,
     )
 
-
-def _listed_price(provider: str, model: str, info: Mapping[str, Any]) -> tuple[str, str] | None:
-    """USD per token of ``provider/model`` in the packaged table (``routing/prices.json``):
-    by ``provider/model``, or for Azure by ``model_info.base_model`` or the deployment's
-    name; a name also prices its dated snapshots. None when the table has neither."""
-    text = resources.files("triogate").joinpath("routing", "prices.json").read_text()
-    table: dict[str, list[float]] = json.loads(text)["usd_per_million_tokens"]
-    names = [f"{provider}/{model}"]
-    if provider == "azure":
-        base = str(info.get("base_model") or model)
-        names = [base, base.removeprefix("azure/"), model]
-    for name in names:
-        found = name if name in table else max(
-            (n for n in table if name.startswith(f"{n}-")), key=len, default=None)
-        if found is not None:
-            return tuple(str(Decimal(str(v)) / 1_000_000) for v in table[found])  # type: ignore[return-value]
-    return None
 
 
 _MOCK_DEFAULTS = LitellmParams(model="mock/x")

@@ -6,6 +6,10 @@ normalises a file; nothing here reads the environment (the caller passes it).
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
+from importlib import resources
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -290,3 +294,27 @@ def compat_table_markdown() -> str:
         keys = ", ".join(f"`{k}`" for k in spec.key_envs)
         lines.append(f"| `{name}/` | {base} | `{spec.base_env}` | {keys} |")
     return "\n".join(lines) + "\n"
+
+
+#: The packaged price table (USD per million tokens), read once when this module is imported.
+_PRICES: Mapping[str, list[float]] = MappingProxyType(json.loads(
+    resources.files("triogate").joinpath("routing", "prices.json").read_text()
+)["usd_per_million_tokens"])
+
+
+def listed_price(provider: str, model: str, info: Mapping[str, Any]) -> tuple[str, str] | None:
+    """USD per token (input, output) of ``provider/model`` in the packaged table
+    (``routing/prices.json``): by ``provider/model``, or for Azure by
+    ``model_info.base_model`` or the deployment's name; a name also prices its dated
+    snapshots. None when the table has none of them."""
+    names = [f"{provider}/{model}"]
+    if provider == "azure":
+        base = str(info.get("base_model") or model)
+        names = [base, base.removeprefix("azure/"), model]
+    for name in names:
+        found = name if name in _PRICES else max(
+            (n for n in _PRICES if name.startswith(f"{n}-")), key=len, default=None)
+        if found is not None:
+            inp, out = (str(Decimal(str(v)) / 1_000_000) for v in _PRICES[found])
+            return inp, out
+    return None

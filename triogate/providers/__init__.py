@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from triogate.config_litellm import COMPAT_PROVIDERS
+from triogate.config import OPENAI_COMPATIBLE
 from triogate.providers.anthropic import AnthropicProvider
 from triogate.providers.azure import AzureProvider
 from triogate.providers.mock import MockProvider
@@ -81,5 +81,5 @@ async def build_providers(
             "mock": MockProvider(seed=0),
             # Azure OpenAI; LiteLLM's OpenAI-compatible names share the OpenAI provider.
             "azure": AzureProvider(azure_client),
-            **dict.fromkeys(COMPAT_PROVIDERS, openai),
+            **dict.fromkeys(OPENAI_COMPATIBLE, openai),
         }
