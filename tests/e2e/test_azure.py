@@ -266,3 +266,30 @@ async def test_a_governed_request_waits_on_redis_once_before_and_once_after(
     assert gateway.services.tracer is not None
     summary = gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
     assert (summary.waits_before, summary.waits_after) == (1, 1)
+
+
+async def test_concurrent_first_requests_share_one_token_request(
+    gateway: Gateway, azure: FakeAzure
+) -> None:
+    async def ask() -> None:
+        await gpt(gateway).chat.completions.create(
+            model="azure-entra", messages=[{"role": "user", "content": "hi"}])
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(ask)
+    assert len(azure.token_requests) == 1
+    assert len(azure.requests) == 5
+
+
+async def test_a_refused_token_request_is_the_gateways_failure(
+    gateway: Gateway, azure: FakeAzure
+) -> None:
+    azure.client_secret = "rotated"  # the configured secret is no longer valid
+    with trio.fail_after(20), pytest.raises(openai.APIStatusError) as raised:
+        await gpt(gateway).chat.completions.create(
+            model="azure-entra", messages=[{"role": "user", "content": "hi"}])
+    assert (raised.value.status_code, raised.value.code) == (502, "upstream_auth_failed")
+    assert "client-secret" not in str(raised.value.body)
+    assert azure.requests == []

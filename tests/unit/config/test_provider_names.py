@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from triogate.config import Deployment, parse_config
 from triogate.config_litellm import COMPAT_PROVIDERS, compat_table_markdown
@@ -99,3 +100,15 @@ def test_azure_settings_are_refused_elsewhere() -> None:
 
 def test_the_documentation_lists_the_names_table() -> None:
     assert compat_table_markdown() in DOC.read_text()
+
+
+def test_the_documentations_examples_load_priced() -> None:
+    blocks = DOC.read_text().split("```yaml\n")[1:]
+    assert len(blocks) == 2
+    environ = {"AZURE_API_KEY": "k", "AZURE_TENANT_ID": "t", "AZURE_CLIENT_ID": "c",
+               "AZURE_CLIENT_SECRET": "s", "GROQ_API_KEY": "g"}
+    for block in blocks:
+        config = parse_config(yaml.safe_load(block.split("```")[0]), environ=environ)
+        for d in config.deployments:
+            assert d.provider != "ollama" or d.priced
+            assert d.provider == "ollama" or d.price.output_usd_per_token > 0
