@@ -112,3 +112,14 @@ def test_the_documentations_examples_load_priced() -> None:
         for d in config.deployments:
             assert d.provider != "ollama" or d.priced
             assert d.provider == "ollama" or d.price.output_usd_per_token > 0
+
+
+def test_azure_credentials_from_the_environment_come_after_its_key() -> None:
+    env = {"AZURE_TENANT_ID": "t", "AZURE_CLIENT_ID": "c", "AZURE_CLIENT_SECRET": "s",
+           "AZURE_API_BASE": "https://r"}
+    d = load("azure/gpt-4o", env)
+    assert d.azure is not None and d.azure.token_url == (
+        "https://login.microsoftonline.com/t/oauth2/v2.0/token")
+    assert d.api_key is None and d.api_base == "https://r"
+    d = load("azure/gpt-4o", {**env, "AZURE_API_KEY": "k"})
+    assert d.azure is not None and d.azure.token_url is None and d.api_key == "k"
