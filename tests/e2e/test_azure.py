@@ -244,15 +244,16 @@ async def test_repeated_throttling_cools_the_deployment_down(
     assert len(azure.requests) == sent  # cooled down: not called again
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_governed_request_waits_on_redis_once_before_and_once_after(
-    gateway: Gateway,
+    gateway: Gateway, stream: bool
 ) -> None:
     store = gateway.services.store
     assert store is not None
     raw, _ = await store.create_key(max_budget_nanousd=10**10, budget_duration="1d",
                                     tpm_limit=100_000, rpm_limit=100)
     headers = {"authorization": f"Bearer {raw}"}
-    body = {"messages": [{"role": "user", "content": "count my waits"}]}
+    body = {"messages": [{"role": "user", "content": "count my waits"}], "stream": stream}
     async with httpx.AsyncClient(timeout=20) as http:
         warm = await http.post(f"{gateway.openai_base}/chat/completions",
                                json={"model": "azure-gpt", **body}, headers=headers)
