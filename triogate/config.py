@@ -35,7 +35,16 @@ from triogate.errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-PROVIDERS = ("openai", "anthropic", "mock")
+PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "mock")
+# Azure OpenAI and LiteLLM's OpenAI-compatible provider names (config_litellm).
+#: Provider names served by the OpenAI-compatible provider.
+OPENAI_COMPATIBLE: tuple[str, ...] = tuple(config_litellm.COMPAT_PROVIDERS)
+PROVIDERS += ("azure", *OPENAI_COMPATIBLE)
+#: Providers whose deployments must be priced: by the config or the packaged table.
+PRICE_REQUIRED = ("azure", *OPENAI_COMPATIBLE)
+#: Where Entra ID issues tokens (``azure_authority_host``; LiteLLM's AZURE_AUTHORITY_HOST).
+AZURE_AUTHORITY_HOST = "https://login.microsoftonline.com"
+AZURE_API_VERSION = "2024-10-21"
 STRATEGIES = (
     "simple-shuffle",
     "least-busy",
@@ -83,6 +92,13 @@ class LitellmParams:
     mock_failure_status: int = 500
     #: LiteLLM's per-deployment ``drop_params``: drop what this provider cannot take.
     drop_params: bool | None = None
+    # Azure OpenAI only (``model: azure/<deployment>``):
+    api_version: str | None = None
+    azure_ad_token: str | None = attrs.field(default=None, repr=False)
+    tenant_id: str | None = None
+    client_id: str | None = None
+    client_secret: str | None = attrs.field(default=None, repr=False)
+    azure_authority_host: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -342,6 +358,23 @@ class MockSettings:
 
 
 @attrs.frozen(kw_only=True)
+class AzureSettings:
+    """How an ``azure/`` deployment is called and authenticated.
+
+    One of: ``api_key`` (on the deployment, sent as ``api-key``), ``ad_token`` (a static
+    Entra ID bearer token), or client credentials (``tenant_id``, ``client_id``,
+    ``client_secret``) exchanged at ``token_url`` for bearer tokens.
+    """
+
+    api_version: str
+    ad_token: str | None = attrs.field(default=None, repr=False)
+    tenant_id: str | None = None
+    client_id: str | None = None
+    client_secret: str | None = attrs.field(default=None, repr=False)
+    token_url: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class Price:
     """USD per token, kept as exact decimals; costs come out in integer nano-USD.
 
@@ -406,6 +439,7 @@ class Deployment:
     drop_params: bool = False
     #: Whether the config gave a price (else a wildcard's model is priced from the table).
     priced: bool = True
+    azure: AzureSettings | None = None
 
     @property
     def wildcard(self) -> bool:
@@ -584,7 +618,8 @@ def _decimal(value: float | str | None, path: str) -> Decimal:
 
 
 def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
-                drop_params: bool = False) -> Deployment:
+                drop_params: bool = False, environ: Mapping[str, str] | None = None,
+                ) -> Deployment:
     params = entry.litellm_params
     path = f"$.model_list[{i}].litellm_params"
     provider, sep, upstream = config_litellm.provider_of(params.model).partition("/")
@@ -593,6 +628,22 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
             f"{path}.model: {params.model!r} must be <provider>/<model> with provider one of "
             f"{', '.join(PROVIDERS)}"
         )
+    environ = environ or {}
+    if provider != "azure" and any(getattr(params, f) is not None for f in _AZURE_FIELDS):
+        raise ConfigError(f"{path}: {', '.join(_AZURE_FIELDS)} only apply to azure/ models")
+    if provider in config_litellm.COMPAT_PROVIDERS:
+        api_base, api_key = config_litellm.compat_endpoint(
+            provider, params.api_base, params.api_key, environ, path)
+        params = attrs.evolve(params, api_base=api_base, api_key=api_key)
+    azure = _azure(params, environ, path) if provider == "azure" else None
+    if provider == "azure":
+        bearer = azure is not None and (azure.ad_token or azure.token_url)
+        params = attrs.evolve(
+            params, api_base=params.api_base or environ.get("AZURE_API_BASE"),
+            api_key=params.api_key or (None if bearer else environ.get("AZURE_API_KEY")))
+        if not params.api_base:
+            raise ConfigError(f"{path}.api_base: azure/ models need api_base "
+                              "(https://<resource>.openai.azure.com, or AZURE_API_BASE)")
     if upstream.count("*") > entry.model_name.count("*"):
         raise ConfigError(
             f"{path}.model: {params.model!r} has a '*' that model_name "
@@ -614,6 +665,16 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         f"{entry.model_name}|{params.model}|{params.api_base}|{i}".encode()
     ).hexdigest()[:16])
     timeout_s = params.timeout or default_timeout_s
+    priced = params.input_cost_per_token is not None or params.output_cost_per_token is not None
+    if provider in PRICE_REQUIRED and not priced and "*" not in upstream:
+        table = config_litellm.listed_price(provider, upstream, entry.model_info)
+        if table is None:
+            raise ConfigError(
+                f"{path}: no price for {params.model!r} (not in the packaged price table): "
+                "set input_cost_per_token and output_cost_per_token"
+                + (", or model_info.base_model" if provider == "azure" else ""))
+        params = attrs.evolve(params, input_cost_per_token=table[0],
+                              output_cost_per_token=table[1])
     return Deployment(
         id=ident,
         group=entry.model_name,
@@ -648,15 +709,49 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         else None,
         info=dict(entry.model_info),
         drop_params=drop_params if params.drop_params is None else params.drop_params,
-        priced=params.input_cost_per_token is not None
-        or params.output_cost_per_token is not None,
+        priced=priced,
+        azure=azure,
     )
+
+
+# --------------------------------------------------------------------------- azure, prices
+
+_AZURE_FIELDS = ("api_version", "azure_ad_token", "tenant_id", "client_id", "client_secret",
+                 "azure_authority_host")
+
+
+def _azure(params: LitellmParams, environ: Mapping[str, str], path: str) -> AzureSettings:
+    """An ``azure/`` deployment's settings, LiteLLM's AZURE_* variables filling gaps."""
+    credentials = [params.tenant_id or environ.get("AZURE_TENANT_ID"),
+                   params.client_id or environ.get("AZURE_CLIENT_ID"),
+                   params.client_secret or environ.get("AZURE_CLIENT_SECRET")]
+    explicit = any((params.tenant_id, params.client_id, params.client_secret))
+    use_credentials = not params.api_key and not params.azure_ad_token and (
+        explicit or (all(credentials) and not environ.get("AZURE_API_KEY")))
+    if use_credentials and not all(credentials):
+        raise ConfigError(f"{path}: Entra ID client credentials need tenant_id, client_id "
+                          "and client_secret")
+    token_url = None
+    if use_credentials:
+        host = (params.azure_authority_host or environ.get("AZURE_AUTHORITY_HOST")
+                or AZURE_AUTHORITY_HOST).rstrip("/")
+        token_url = f"{host}/{credentials[0]}/oauth2/v2.0/token"
+    return AzureSettings(
+        api_version=params.api_version or environ.get("AZURE_API_VERSION") or AZURE_API_VERSION,
+        ad_token=params.azure_ad_token,
+        tenant_id=credentials[0] if use_credentials else None,
+        client_id=credentials[1] if use_credentials else None,
+        client_secret=credentials[2] if use_credentials else None,
+        token_url=token_url,
+    )
+
 
 
 _MOCK_DEFAULTS = LitellmParams(model="mock/x")
 
 
-def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
+def normalise(file: ConfigFile, *, source: str,
+              environ: Mapping[str, str] | None = None) -> GatewayConfig:
     """Turn the structured file into a :class:`GatewayConfig`; check cross-references.
 
     Raises:
@@ -672,7 +767,7 @@ def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
     ls = file.litellm_settings
     default_timeout_s = rs.timeout or ls.request_timeout or DEFAULT_TIMEOUT_S
     deployments = tuple(
-        _deployment(i, e, default_timeout_s, ls.drop_params)
+        _deployment(i, e, default_timeout_s, ls.drop_params, environ)
         for i, e in enumerate(file.model_list)
     )
     seen: set[str] = set()
@@ -788,7 +883,7 @@ def parse_config(
         raise ConfigError(_format_errors(exc, source)) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid configuration in {source}: {exc}") from None
-    config = normalise(_with_litellm_redis(file, environ), source=source)
+    config = normalise(_with_litellm_redis(file, environ), source=source, environ=environ)
     if "otel" in config.callbacks:
         config = attrs.evolve(config, otel=OtelSettings(**config_litellm.otel(environ)))
     return config

@@ -6,8 +6,14 @@ normalises a file; nothing here reads the environment (the caller passes it).
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
+from importlib import resources
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
+
+import attrs
 
 from triogate.errors import ConfigError
 
@@ -230,3 +236,115 @@ def _sentinel_host_port(text: str) -> tuple[str, int]:
 
 def _quote(text: str | None) -> str:
     return quote(text or "", safe="")
+
+
+# ------------------------------------------------------------- OpenAI-compatible names
+
+
+@attrs.frozen
+class CompatProvider:
+    """A LiteLLM provider name served by the OpenAI-compatible provider.
+
+    ``api_base`` is the default (None: the deployment or ``base_env`` must give one);
+    ``base_env`` and ``key_envs`` are the environment variables LiteLLM reads for them,
+    the first one set wins. ``v1``: the server's OpenAI-compatible API is under ``/v1``
+    of the address users configure (Ollama's ``http://localhost:11434``).
+    """
+
+    api_base: str | None
+    base_env: str
+    key_envs: tuple[str, ...]
+    v1: bool = False
+
+
+#: LiteLLM's defaults for its OpenAI-compatible provider names.
+COMPAT_PROVIDERS: dict[str, CompatProvider] = {
+    "groq": CompatProvider("https://api.groq.com/openai/v1", "GROQ_API_BASE",
+                           ("GROQ_API_KEY",)),
+    "together_ai": CompatProvider("https://api.together.xyz/v1", "TOGETHER_AI_API_BASE",
+                                  ("TOGETHER_API_KEY", "TOGETHER_AI_API_KEY",
+                                   "TOGETHERAI_API_KEY", "TOGETHER_AI_TOKEN")),
+    "fireworks_ai": CompatProvider("https://api.fireworks.ai/inference/v1",
+                                   "FIREWORKS_API_BASE",
+                                   ("FIREWORKS_API_KEY", "FIREWORKS_AI_API_KEY",
+                                    "FIREWORKSAI_API_KEY", "FIREWORKS_AI_TOKEN")),
+    "deepseek": CompatProvider("https://api.deepseek.com/beta", "DEEPSEEK_API_BASE",
+                               ("DEEPSEEK_API_KEY",)),
+    "mistral": CompatProvider("https://api.mistral.ai/v1", "MISTRAL_API_BASE",
+                              ("MISTRAL_API_KEY",)),
+    "openrouter": CompatProvider("https://openrouter.ai/api/v1", "OPENROUTER_API_BASE",
+                                 ("OPENROUTER_API_KEY", "OR_API_KEY")),
+    "xai": CompatProvider("https://api.x.ai/v1", "XAI_API_BASE", ("XAI_API_KEY",)),
+    "perplexity": CompatProvider("https://api.perplexity.ai", "PERPLEXITY_API_BASE",
+                                 ("PERPLEXITYAI_API_KEY", "PERPLEXITY_API_KEY")),
+    "cerebras": CompatProvider("https://api.cerebras.ai/v1", "CEREBRAS_API_BASE",
+                               ("CEREBRAS_API_KEY",)),
+    "deepinfra": CompatProvider("https://api.deepinfra.com/v1/openai", "DEEPINFRA_API_BASE",
+                                ("DEEPINFRA_API_KEY",)),
+    "hosted_vllm": CompatProvider(None, "HOSTED_VLLM_API_BASE", ("HOSTED_VLLM_API_KEY",)),
+    "vllm": CompatProvider(None, "HOSTED_VLLM_API_BASE", ("HOSTED_VLLM_API_KEY",)),
+    "ollama": CompatProvider("http://localhost:11434", "OLLAMA_API_BASE",
+                             ("OLLAMA_API_KEY",), v1=True),
+    "ollama_chat": CompatProvider("http://localhost:11434", "OLLAMA_API_BASE",
+                                  ("OLLAMA_API_KEY",), v1=True),
+    "lm_studio": CompatProvider(None, "LM_STUDIO_API_BASE", ("LM_STUDIO_API_KEY",)),
+    "text-completion-openai": CompatProvider("https://api.openai.com/v1", "OPENAI_API_BASE",
+                                             ("OPENAI_API_KEY",)),
+}
+
+
+def compat_endpoint(
+    provider: str, api_base: str | None, api_key: str | None, environ: Mapping[str, str],
+    path: str,
+) -> tuple[str, str | None]:
+    """(api_base, api_key) of a deployment of an OpenAI-compatible provider name: the
+    deployment's own, else the provider's environment variables, else its default.
+
+    Raises:
+        ConfigError: no address known (the provider has no default and none is set).
+    """
+    spec = COMPAT_PROVIDERS[provider]
+    base = first(api_base, environ.get(spec.base_env), spec.api_base)
+    if not base:
+        raise ConfigError(f"{path}.api_base: {provider}/ models need api_base "
+                          f"(or {spec.base_env})")
+    base = base.rstrip("/")
+    if spec.v1 and not base.endswith("/v1"):
+        base += "/v1"
+    key = first(api_key, *(environ.get(name) for name in spec.key_envs))
+    return base, key
+
+
+def compat_table_markdown() -> str:
+    """The names table of the providers documentation, generated from the one above."""
+    lines = ["| provider | default api_base | api_base variable | key variables |",
+             "| --- | --- | --- | --- |"]
+    for name, spec in COMPAT_PROVIDERS.items():
+        base = f"`{spec.api_base}{'/v1' if spec.v1 else ''}`" if spec.api_base else "(required)"
+        keys = ", ".join(f"`{k}`" for k in spec.key_envs)
+        lines.append(f"| `{name}/` | {base} | `{spec.base_env}` | {keys} |")
+    return "\n".join(lines) + "\n"
+
+
+#: The packaged price table (USD per million tokens), read once when this module is imported.
+_PRICES: Mapping[str, list[float]] = MappingProxyType(json.loads(
+    resources.files("triogate").joinpath("routing", "prices.json").read_text()
+)["usd_per_million_tokens"])
+
+
+def listed_price(provider: str, model: str, info: Mapping[str, Any]) -> tuple[str, str] | None:
+    """USD per token (input, output) of ``provider/model`` in the packaged table
+    (``routing/prices.json``): by ``provider/model``, or for Azure by
+    ``model_info.base_model`` or the deployment's name; a name also prices its dated
+    snapshots. None when the table has none of them."""
+    names = [f"{provider}/{model}"]
+    if provider == "azure":
+        base = str(info.get("base_model") or model)
+        names = [base, base.removeprefix("azure/"), model]
+    for name in names:
+        found = name if name in _PRICES else max(
+            (n for n in _PRICES if name.startswith(f"{n}-")), key=len, default=None)
+        if found is not None:
+            inp, out = (str(Decimal(str(v)) / 1_000_000) for v in _PRICES[found])
+            return inp, out
+    return None

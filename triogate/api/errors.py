@@ -129,8 +129,10 @@ def from_provider(exc: ProviderError) -> ApiError:
             return ApiError(502, "the upstream model refused the gateway's credentials",
                             "api_error", code="upstream_auth_failed")
         if 400 <= exc.status < 500:
+            # Azure's content filter keeps its code, as OpenAI's clients know it.
+            code = "content_filter" if '"content_filter"' in exc.body else "upstream_error"
             return ApiError(exc.status, message, _DEFAULT_TYPES.get(exc.status,
-                            "invalid_request_error"), code="upstream_error")
+                            "invalid_request_error"), code=code)
         return ApiError(502, f"upstream error {exc.status}: {message}", "api_error",
                         code="upstream_error")
     return ApiError(502, "the upstream model call failed", "api_error")

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from triogate.config import OPENAI_COMPATIBLE
 from triogate.providers.anthropic import AnthropicProvider
+from triogate.providers.azure import AzureProvider
 from triogate.providers.mock import MockProvider
 from triogate.providers.openai import OpenAIProvider
 from triogate.providers.transport import CONNECT_TIMEOUT_S, UpstreamTransport, register
@@ -58,7 +60,8 @@ def new_upstream_client(*, max_connections: int) -> httpx.AsyncClient:
 async def build_providers(
     config: GatewayConfig, *, max_connections: int = 1000
 ) -> AsyncIterator[dict[str, Provider]]:
-    """Providers by kind ("openai", "anthropic", "mock"); clients closed on exit.
+    """Providers by kind ("openai", "anthropic", "mock", "azure", and LiteLLM's
+    OpenAI-compatible names); clients closed on exit.
 
     Args:
         config: the gateway configuration (read for nothing yet but kept so that
@@ -69,9 +72,14 @@ async def build_providers(
     async with (
         new_upstream_client(max_connections=max_connections) as openai_client,
         new_upstream_client(max_connections=max_connections) as anthropic_client,
+        new_upstream_client(max_connections=max_connections) as azure_client,
     ):
+        openai = OpenAIProvider(openai_client)
         yield {
-            "openai": OpenAIProvider(openai_client),
+            "openai": openai,
             "anthropic": AnthropicProvider(anthropic_client),
             "mock": MockProvider(seed=0),
+            # Azure OpenAI; LiteLLM's OpenAI-compatible names share the OpenAI provider.
+            "azure": AzureProvider(azure_client),
+            **dict.fromkeys(OPENAI_COMPATIBLE, openai),
         }

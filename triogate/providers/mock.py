@@ -29,6 +29,7 @@ import trio
 
 from triogate.config import MockSettings
 from triogate.errors import ProviderStatusError
+from triogate.providers.mock_schema import instance
 from triogate.providers.records import Completion, Usage
 from triogate.providers.streaming import TranslatedStream, check_streamable
 from triogate.providers.tokens import (
@@ -61,6 +62,8 @@ class MockReply:
     text: str
     finish_reason: str
     usage: Usage
+    #: (id, function name, arguments JSON) when the reply is a tool call.
+    tool_call: tuple[str, str, str] | None = None
 
 
 def _last_user_text(chat_request: Mapping[str, Any]) -> str:
@@ -82,18 +85,69 @@ def _fit(text: str, tokens: int) -> str:
     return text[:chars]
 
 
+def _tool_to_call(chat_request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The function tool the reply calls: the one ``tool_choice`` names, else the first
+    when a call is required, or allowed (``auto``) and the last message is not a tool's
+    result (so that an agent's loop ends with a text answer)."""
+    functions = [t.get("function") for t in chat_request.get("tools") or ()
+                 if isinstance(t, dict) and t.get("type") == "function"]
+    tools: list[dict[str, Any]] = [f for f in functions if isinstance(f, dict) and f.get("name")]
+    choice = chat_request.get("tool_choice", "auto")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name")
+        return next((t for t in tools if t["name"] == named), tools[0])
+    messages = chat_request.get("messages") or ()
+    last = messages[-1] if messages else {}
+    if choice != "required" and isinstance(last, dict) and last.get("role") == "tool":
+        return None
+    return tools[0]
+
+
+def _structured(chat_request: Mapping[str, Any], text: str) -> tuple[str | None, str] | None:
+    """(None, JSON) for a ``response_format``, (tool name, arguments JSON) for a call."""
+    tool = _tool_to_call(chat_request)
+    if tool is not None:
+        arguments = orjson.dumps(instance(tool.get("parameters") or {"type": "object"}))
+        return str(tool["name"]), arguments.decode()
+    fmt = chat_request.get("response_format")
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
+        return None, orjson.dumps(instance(schema)).decode()
+    if fmt.get("type") == "json_object":
+        return None, orjson.dumps({"answer": text}).decode()
+    return None
+
+
 def plan_reply(
     api: Api, body: Mapping[str, Any], chat_request: Mapping[str, Any], deployment: Deployment
 ) -> MockReply:
-    """The reply, finish reason and usage for a chat-like request (pure)."""
+    """The reply, finish reason and usage for a chat-like request (pure).
+
+    The request's ``mock_response`` wins; else a tool call or ``response_format``'s JSON
+    (:mod:`.mock_schema`), never cut short; else ``mock.response`` or the derived text.
+    """
     settings = deployment.mock or MockSettings()
     text = body.get("mock_response")
+    structured = None if isinstance(text, str) else _structured(
+        chat_request, _derived_text(chat_request, deployment))
+    if structured is not None:
+        name, value = structured
+        usage = Usage(input_tokens=estimate_input_tokens(api, body),
+                      output_tokens=count_output_tokens(value))
+        if name is None:
+            return MockReply(text=value, finish_reason="stop", usage=usage)
+        arguments = value
+        call_id = "call_" + hashlib.sha256(f"{name}\0{arguments}".encode()).hexdigest()[:24]
+        return MockReply(text="", finish_reason="tool_calls", usage=usage,
+                         tool_call=(call_id, name, arguments))
     if not isinstance(text, str):
         text = settings.response
     if not isinstance(text, str):
-        words = _last_user_text(chat_request).split()
-        quoted = " ".join(words[:QUOTED_WORDS])
-        text = f"Mock reply from {deployment.upstream_model} to: {quoted}".rstrip(": ")
+        text = _derived_text(chat_request, deployment)
     if settings.output_tokens is not None:
         text = _fit(text, settings.output_tokens)
     finish_reason = "stop"
@@ -104,6 +158,12 @@ def plan_reply(
         input_tokens=estimate_input_tokens(api, body), output_tokens=count_output_tokens(text)
     )
     return MockReply(text=text, finish_reason=finish_reason, usage=usage)
+
+
+def _derived_text(chat_request: Mapping[str, Any], deployment: Deployment) -> str:
+    words = _last_user_text(chat_request).split()
+    quoted = " ".join(words[:QUOTED_WORDS])
+    return f"Mock reply from {deployment.upstream_model} to: {quoted}".rstrip(": ")
 
 
 def stream_offsets_s(settings: MockSettings, pieces: int) -> tuple[list[float], float]:
@@ -169,6 +229,20 @@ class _TimedChunks:
         return None  # every chunk has its own time
 
 
+def _calls(reply: MockReply) -> list[dict[str, Any]]:
+    if reply.tool_call is None:
+        return []
+    call_id, name, arguments = reply.tool_call
+    return [{"id": call_id, "type": "function",
+             "function": {"name": name, "arguments": arguments}}]
+
+
+def _message(reply: MockReply) -> dict[str, Any]:
+    if reply.tool_call is None:
+        return {"role": "assistant", "content": reply.text}
+    return {"role": "assistant", "content": None, "tool_calls": _calls(reply)}
+
+
 class MockProvider:
     """The ``mock/`` provider: every API, deterministic replies, configurable timing.
 
@@ -201,7 +275,7 @@ class MockProvider:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": reply.text},
+                    "message": _message(reply),
                     "finish_reason": reply.finish_reason,
                     "logprobs": None,
                 }
@@ -259,9 +333,17 @@ class MockProvider:
             return {**base, "choices": [choice]}
 
         pieces = split_text(reply.text) if reply.text else []
-        offsets, end = stream_offsets_s(settings, len(pieces))
+        calls = _calls(reply)
+        arg_pieces = split_text(calls[0]["function"]["arguments"]) if calls else []
+        offsets, end = stream_offsets_s(settings, len(pieces) or len(arg_pieces))
         timed = [(offsets[0], chunk({"role": "assistant", "content": ""}))]
         timed += [(t, chunk({"content": p})) for t, p in zip(offsets, pieces, strict=False)]
+        for call in calls:
+            head = {"index": 0, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            timed.append((offsets[0], chunk({"tool_calls": [head]})))
+            timed += [(t, chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}))
+                      for t, p in zip(offsets, arg_pieces, strict=False)]
         timed.append((end, chunk({}, reply.finish_reason)))
         timed.append((end, {**base, "choices": [], "usage": reply.usage.to_chat()}))
         input_tokens = estimate_input_tokens(api, body)

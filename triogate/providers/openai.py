@@ -90,20 +90,27 @@ class OpenAIProvider:
         )
 
     async def _embed(self, body: Mapping[str, Any], deployment: Deployment) -> Completion:
-        response = await post_json(
-            self._client,
-            self._url(deployment, "/embeddings"),
-            headers=self._headers(deployment),
-            body=upstream_body(body, deployment),
-            timeout_s=deployment.timeout_s,
+        return await embed(self._client, body, deployment,
+                           url=self._url(deployment, "/embeddings"),
+                           headers=self._headers(deployment))
+
+
+async def embed(
+    client: httpx.AsyncClient, body: Mapping[str, Any], deployment: Deployment, *,
+    url: str, headers: Mapping[str, str],
+) -> Completion:
+    """An OpenAI-shaped embeddings call (a checkpoint); usage estimated when not reported."""
+    response = await post_json(
+        client, url, headers=headers, body=upstream_body(body, deployment),
+        timeout_s=deployment.timeout_s,
+    )
+    if not isinstance(response.get("data"), list):
+        raise ProviderProtocolError("upstream embeddings reply has no data list")
+    usage = Usage.from_chat({"completion_tokens": 0, **(response.get("usage") or {})})
+    if usage is None:
+        usage = Usage(
+            input_tokens=estimate_input_tokens("embeddings", body),
+            output_tokens=0,
+            reported=False,
         )
-        if not isinstance(response.get("data"), list):
-            raise ProviderProtocolError("upstream embeddings reply has no data list")
-        usage = Usage.from_chat({"completion_tokens": 0, **(response.get("usage") or {})})
-        if usage is None:
-            usage = Usage(
-                input_tokens=estimate_input_tokens("embeddings", body),
-                output_tokens=0,
-                reported=False,
-            )
-        return Completion(body=response, usage=usage)
+    return Completion(body=response, usage=usage)

@@ -108,6 +108,10 @@ def bind(deployment: Deployment, model: str | None) -> Deployment:
     upstream = parts[0] + "".join(
         (captured[i] if i < len(captured) else "") + part for i, part in enumerate(parts[1:]))
     price = deployment.price if deployment.priced else table_price(upstream)
+    if not deployment.priced and deployment.provider not in ("openai", "anthropic"):
+        # LiteLLM's other provider names are listed as provider/model.
+        listed = table_price(f"{deployment.provider}/{upstream}")
+        price = listed if listed != Price() else price
     return attrs.evolve(deployment, upstream_model=upstream, price=price)
 
 

@@ -31,7 +31,6 @@ def test_litellms_example_names_exactly_the_unsupported_keys() -> None:
         load_config(FIXTURE, environ=ENV)
     lines = str(info.value).splitlines()[1:]
     assert sorted(line.strip() for line in lines) == [
-        "$.model_list[2].litellm_params.api_version: unsupported key (not known to triogate)",
         "store_model_in_db: triogate has no models stored in the database (the config "
         "file's model_list is the only source) (set it to false) @ $.general_settings",
     ]
@@ -53,9 +52,15 @@ def test_litellms_tuning_of_machinery_triogate_lacks_is_accepted() -> None:
 def test_litellms_example_loads_without_its_unsupported_parts() -> None:
     raw = yaml.safe_load(FIXTURE.read_text())
     del raw["general_settings"]["store_model_in_db"]
-    del raw["model_list"][2]["litellm_params"]["api_version"]
-    with pytest.raises(ConfigError, match=r"model_list\[2\].*'azure/chatgpt-v-2' must be"):
+    # Its Azure deployment's name says nothing of the model: a price, or the model it
+    # deploys, must be given.
+    with pytest.raises(ConfigError, match=r"model_list\[2\].*no price for 'azure/chatgpt-v-2'"):
         parse_config(raw, environ=ENV)
+    raw["model_list"][2]["model_info"] = {"base_model": "azure/gpt-4"}
+    azure = parse_config(raw, environ=ENV).deployments[2]
+    assert (azure.provider, azure.upstream_model, azure.api_key) == ("azure", "chatgpt-v-2",
+                                                                     "sk-z")
+    assert azure.azure is not None and azure.azure.api_version == "2023-05-15"
     del raw["model_list"][2]
     config = parse_config(raw, environ=ENV)
     # Redis: host and password from the environment, the port from environment_variables.

@@ -444,14 +444,15 @@ async def test_native_usage_reaches_the_client_untouched() -> None:
 
 
 async def test_build_providers_owns_one_client_per_kind() -> None:
-    from triogate.config import parse_config
+    from triogate.config import OPENAI_COMPATIBLE, parse_config
     from triogate.providers import build_providers
     from triogate.providers.transport import UpstreamTransport
 
     async with build_providers(parse_config({}), max_connections=50) as providers:
-        assert set(providers) == {"openai", "anthropic", "mock"}
-        clients = [providers[k]._client for k in ("openai", "anthropic")]
-        assert clients[0] is not clients[1]
+        assert set(providers) == {"openai", "anthropic", "mock", "azure", *OPENAI_COMPATIBLE}
+        assert all(providers[name] is providers["openai"] for name in OPENAI_COMPATIBLE)
+        clients = [providers[k]._client for k in ("openai", "anthropic", "azure")]
+        assert len({id(c) for c in clients}) == 3
         assert all(not c.is_closed for c in clients)
         pool = clients[0]._transport
         assert isinstance(pool, UpstreamTransport)

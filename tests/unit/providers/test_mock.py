@@ -222,3 +222,27 @@ async def test_untranslatable_request_is_a_value_error(autojump_clock: MockClock
         await MockProvider().complete(
             "responses", {"input": "x", "previous_response_id": "r"}, mock_deployment()
         )
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer", "minimum": 3}},
+    "required": ["n"]}}}
+
+
+@pytest.mark.parametrize(("extra", "called"), [
+    ({"tools": [TOOL]}, True),
+    ({"tools": [TOOL], "tool_choice": "none"}, False),
+    ({"tools": [TOOL], "mock_response": "as asked"}, False),
+    ({"tools": [TOOL], "messages": [*CHAT["messages"], {"role": "tool", "content": "7",
+                                                         "tool_call_id": "c"}]}, False),
+    ({"tools": [TOOL], "tool_choice": "required", "messages": [
+        *CHAT["messages"], {"role": "tool", "content": "7", "tool_call_id": "c"}]}, True),
+])
+async def test_when_the_mock_calls_a_tool(extra: dict[str, Any], called: bool) -> None:
+    completion = await MockProvider().complete("chat", {**CHAT, **extra}, mock_deployment())
+    message = completion.body["choices"][0]["message"]
+    assert bool(message.get("tool_calls")) == called
+    if called:
+        assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"n":3}'}
+        assert completion.body["choices"][0]["finish_reason"] == "tool_calls"
+        assert completion.usage.output_tokens == count_output_tokens('{"n":3}')
