@@ -200,6 +200,15 @@ class SettledAfter(Response):
             services, call, admitted, outcome = self._settle
             settlement.settle(services, call, admitted, outcome=outcome)
 
+    def refuse(self, exc: Exception, error: ApiError) -> ApiError:
+        """Settle now, as a failure the client gets as ``error`` instead of this answer
+        (it could not be turned into the client's API): the upstream's usage is charged.
+        Returns ``error``, to raise."""
+        services, call, admitted, outcome = self._settle
+        settlement.settle(services, call, admitted, outcome=attrs.evolve(
+            outcome, status="error", http_status=error.status, body=None, error=exc))
+        return error
+
 
 @attrs.define
 class _Open:
