@@ -313,7 +313,8 @@ def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, c
         end_user=call.end_user,
         tags=tuple(dict.fromkeys((*call.tags, *(t.id for t in identity.tags)) if identity
                                  else call.tags)),
-        model_group=call.group,
+        # The group that answered: a fallback's, when the requested group's failed.
+        model_group=outcome.route.group_used if outcome.route is not None else call.group,
         deployment_id=deployment.id if deployment else None,
         upstream_model=deployment.upstream_model if deployment else None,
         input_tokens=outcome.usage.input_tokens,
