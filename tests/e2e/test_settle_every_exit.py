@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from tests.e2e.conftest import Gateway
+    from tests.e2e.scripted_upstream import Scripted
     from triogate.batch import RespBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -158,6 +159,41 @@ async def test_a_completion_whose_choices_are_not_objects_is_a_settled_502(
     assert row.cost_nanousd > 0  # the upstream answered: its usage is charged
     raw_upstream.answer = chat_answer()
     await assert_settled(gateway, key, 1)
+
+
+async def test_a_stream_with_negative_usage_is_charged_as_zero_and_settled(
+    tmp_path: Path, redis: RespBackend, redis_url: str, scripted: Scripted,
+) -> None:
+    base = {"id": "chatcmpl-neg", "object": "chat.completion.chunk", "created": 1,
+            "model": "up"}
+    scripted.pieces = [
+        b"data: " + orjson.dumps({**base, "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": "hi"},
+             "finish_reason": "stop"}]}) + b"\n\n",
+        b"data: " + orjson.dumps({**base, "choices": [], "usage": {
+            "prompt_tokens": -40, "completion_tokens": -2, "total_tokens": -42}}) + b"\n\n",
+        b"data: [DONE]\n\n",
+    ]
+    config = gateway_config(tmp_path / "state", redis_url, f"http://127.0.0.1:{scripted.port}")
+    with trio.fail_after(60):
+        async with running_gateway(config) as gateway:
+            assert gateway.services.store is not None
+            key, _ = await gateway.services.store.create_key(
+                max_budget_nanousd=10 * USD, max_parallel_requests=1, tpm_limit=1_000_000)
+            body = {"model": "gpt-test", "max_tokens": 50, "stream": True,
+                    "messages": [{"role": "user", "content": "negative stream"}]}
+            async with httpx.AsyncClient(timeout=20) as http:
+                response = await http.post(f"{gateway.openai_base}/chat/completions",
+                                           json=body, headers={"authorization": f"Bearer {key}"})
+            assert response.status_code == 200 and b"[DONE]" in response.content
+            (row,) = await spend_rows(gateway, 1)
+            assert (row.status, row.input_tokens, row.output_tokens) == ("success", 0, 0)
+            spend, reserved = await key_budget(gateway, key)
+            assert (spend, reserved) == (0, 0)
+            async with httpx.AsyncClient(timeout=20) as http:  # the slot is free again
+                again = await http.post(f"{gateway.openai_base}/chat/completions",
+                                        json=body, headers={"authorization": f"Bearer {key}"})
+            assert again.status_code == 200
 
 
 def _once(original: Callable[..., Any], nth: int = 1) -> Callable[..., Any]:
