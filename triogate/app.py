@@ -229,6 +229,9 @@ async def open_gateway(
                 "triogate_dead_letters": ("Post-call writes dead-lettered since start "
                                           "(state folder's dead-letter.jsonl).",
                                           stats.dead_lettered),
+                "triogate_journal_write_errors": (
+                    "Journal or dead-letter writes that failed (disk full) since start.",
+                    stats.disk_errors),
                 "triogate_settler_retried": ("Post-call writes journaled for a transient "
                                              "error reply since start.", stats.retried),
                 "triogate_redis_up": ("1 when the last Redis check succeeded.",

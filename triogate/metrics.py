@@ -103,6 +103,12 @@ class Metrics:
             ["check"],
             registry=self.registry,
         )
+        self.settlement_errors = Counter(
+            "triogate_settlement_errors",
+            "Settlement steps that failed (the request's other steps still ran), by step.",
+            ["step"],
+            registry=self.registry,
+        )
         if read_gauges is not None:
             self.registry.register(_Gauges(read_gauges))
         self.requests_child = _Children(self.requests)
@@ -112,6 +118,7 @@ class Metrics:
         self.spend_child = _Children(self.spend)
         self.upstream_attempts_child = _Children(self.upstream_attempts)
         self.degraded_child = _Children(self.degraded)
+        self.settlement_errors_child = _Children(self.settlement_errors)
 
     def render(self) -> bytes:
         """The text exposition format."""

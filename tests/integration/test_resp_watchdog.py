@@ -209,3 +209,29 @@ async def test_a_pipeline_the_server_does_not_read_fails_at_the_timeout(
         assert backend.statistics().connections_open == 0
         server.reading = True
         assert await backend.execute([("PING",)]) == [b"OK"]
+
+
+async def test_a_subscription_whose_subscribe_write_fails_closes_its_socket(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    # The server reads nothing: a SUBSCRIBE larger than the socket buffers cannot be
+    # written within the bound. The connection must be closed there, not left open and
+    # kept alive by the watchdog's reference to it.
+    opened: list[_Connection] = []
+    async with served(tmp_path, pool_size=1, command_timeout_s=2.0) as (server, backend):
+        connect = backend._connect
+
+        async def remembered() -> _Connection:
+            conn = await connect()
+            opened.append(conn)
+            return conn
+
+        backend._connect = remembered  # type: ignore[method-assign]
+        server.reading = False
+        with trio.fail_after(10), pytest.raises(BackendUnavailable, match="subscribe"):
+            async with backend.open_subscription("c" * 50_000_000):
+                pytest.fail("subscribed although the write failed")
+        (conn,) = opened
+        assert conn.closed
+        assert conn.stream.socket.fileno() == -1  # type: ignore[attr-defined]
+        assert backend.statistics().connections_open == 0

@@ -15,6 +15,7 @@ import orjson
 
 from triogate.api import chat
 from triogate.api.errors import ApiError
+from triogate.api.flow import SettledAfter
 from triogate.api.http import Response, StreamResponse
 from triogate.api.rebody import rebodied
 
@@ -108,5 +109,12 @@ async def completions(services: Services, request: Request) -> Response:
         response.produce = translated
         return response
     if response.status == 200:
-        response.body = orjson.dumps(from_chat(orjson.loads(response.body)))
+        try:
+            response.body = orjson.dumps(from_chat(orjson.loads(response.body)))
+        except (AttributeError, TypeError, ValueError) as exc:  # not a chat completion
+            error = ApiError(502, "the upstream model sent a reply that could not be read",
+                             "api_error")
+            if isinstance(response, SettledAfter):
+                raise response.refuse(exc, error) from None
+            raise error from None
     return response

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -34,6 +35,7 @@ import orjson
 import trio
 
 from triogate.api import admission, controls, settlement, sse
+from triogate.api.auth import group_providers
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.gate import overloaded
 from triogate.api.http import Response, StreamResponse
@@ -147,8 +149,15 @@ async def _route(
     """Run ``attempt`` through the router's retries and fallbacks; on failure, settle
     the request and raise the error to send."""
     assert admitted.routing is not None
+    identity = admitted.identity
+
+    def allowed(group: str) -> bool:  # fallbacks, context-window fallbacks
+        return identity is None or identity.first_refusing(
+            group, providers=partial(group_providers, services, group)) is None
+
     try:
-        return await services.router.run(admitted.routing, attempt, admitted.facts)
+        return await services.router.run(admitted.routing, attempt, admitted.facts,
+                                         allowed=allowed)
     except (ProviderError, NoDeploymentAvailable, TranslationError) as exc:
         raise _failed(services, call, admitted, exc) from None
 
@@ -199,6 +208,15 @@ class SettledAfter(Response):
         finally:  # sync: nothing can cancel it half-way
             services, call, admitted, outcome = self._settle
             settlement.settle(services, call, admitted, outcome=outcome)
+
+    def refuse(self, exc: Exception, error: ApiError) -> ApiError:
+        """Settle now, as a failure the client gets as ``error`` instead of this answer
+        (it could not be turned into the client's API): the upstream's usage is charged.
+        Returns ``error``, to raise."""
+        services, call, admitted, outcome = self._settle
+        settlement.settle(services, call, admitted, outcome=attrs.evolve(
+            outcome, status="error", http_status=error.status, body=None, error=exc))
+        return error
 
 
 @attrs.define

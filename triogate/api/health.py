@@ -45,6 +45,9 @@ async def readiness(services: Services, request: Request) -> Response:
     Redis counts as ready when ``INFO persistence`` says ``loading:0``: a server still
     loading its AOF or RDB answers ``"redis": "loading"`` (and ``degraded``).
 
+    ``degraded`` too while the settler cannot write its journal (disk full): post-call
+    writes Redis did not take are kept in memory only.
+
     200 with ``"status": "degraded"`` when Redis is down: the gateway still serves,
     deciding from local state (fail-open) — pulling every instance out of a load balancer
     because the shared Redis blinked would turn a blip into an outage. ``?strict=1``
@@ -73,7 +76,10 @@ async def readiness(services: Services, request: Request) -> Response:
             body["database"] = f"unavailable: {type(exc).__name__}"
             body["status"] = "degraded"
     settler = services.settler.statistics()
-    body["settler"] = {"queued": settler.queued, "journal_pending": settler.journal_pending}
+    body["settler"] = {"queued": settler.queued, "journal_pending": settler.journal_pending,
+                       "disk": "ok" if settler.disk_ok else "write failed"}
+    if not settler.disk_ok:  # disk full: the journal is in memory only, still served
+        body["status"] = "degraded"
     strict = request.query.get("strict") in ("1", "true")
     status = 503 if strict and body["status"] != "ready" else 200
     return Response.json(body, status=status)

@@ -11,26 +11,31 @@ so a client that went away cannot cancel its own accounting half-way
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
 
 from triogate.batch import post_call_batch
+from triogate.governance import budgets, rate_limits
 from triogate.governance.settle import settle as governance_settle
 from triogate.otel import RequestSpans
 from triogate.providers.records import Usage
 from triogate.store.records import SpendLogRow
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     from triogate.api.records import Admission, Call
     from triogate.api.services import Services
+    from triogate.batch import PostCallBatch
     from triogate.config import Deployment
     from triogate.routing.router import RouteResult
 
 logger = logging.getLogger("triogate.requests")
+
+R = TypeVar("R")
 
 NO_USAGE = Usage(input_tokens=0, output_tokens=0, reported=False)
 
@@ -115,6 +120,12 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
     request's last write and its accounting. Dropping the shielded scope each caller
     entered took 1.7 % of a governed request's instructions at one connection (with
     ``BatchScope.rounds``, ``bench/results/w10-cpu.md``).
+
+    Never raises: every step runs on its own (:func:`_guarded`), so a step that fails (an
+    upstream's impossible usage, a bug) is logged and counted
+    (``triogate_settlement_errors``) and the others still run: the reservations and the
+    parallel slot go back, the spend-log row is written with what is known. Usage an
+    upstream reported below zero is counted as zero (and logged).
     """
     if admitted.settled:
         return
@@ -122,44 +133,134 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
     settle_started_s = trio.current_time() if services.spans is not None else 0.0
     settings = services.config.settings
     now_ms = services.clock_ms()
-    cost = cost_nanousd(outcome)  # once: the batch, the row, the metrics and the log line
+    outcome = _guarded(services, call, "usage", _sane_usage, call, outcome, fallback=outcome)
+    # once: the batch, the row, the metrics and the log line
+    cost = _guarded(services, call, "cost", cost_nanousd, outcome, fallback=0)
     # The callbacks below only declare (sync): no deadline or shield scope to pay for.
-    with post_call_batch(services.settler, trace_id=call.trace_id) as post:
+    with _guarded_exit(services, call), post_call_batch(
+            services.settler, trace_id=call.trace_id) as post:
         # A cache hit counts for RPM but uses no tokens: its TPM reservation goes back.
         tokens = 0 if outcome.status == "cache_hit" else (
             outcome.usage.input_tokens + outcome.usage.output_tokens)
-        # Budgets and rate windows: one script per principal (governance/settle.py).
-        governance_settle(post, admitted.request, budget_outcome=admitted.budgets,
-                          rate_outcome=admitted.rates, actual_nanousd=cost,
-                          actual_tokens=tokens, admitted=outcome.admitted, now_ms=now_ms)
+        # Budgets and rate windows: one script per principal (governance/settle.py); should
+        # that fail, each on its own (idempotent by request id, so a part already declared
+        # is not counted twice).
+        if _guarded(services, call, "governance", _governance, post, admitted, outcome,
+                    cost, tokens, now_ms, fallback=False) is False:
+            _guarded(services, call, "budgets", _budgets_alone, post, admitted, cost,
+                     now_ms, fallback=None)
+            _guarded(services, call, "rate_limits", _rates_alone, post, admitted, outcome,
+                     tokens, now_ms, fallback=None)
         if admitted.routing is not None:
-            services.router.record(
-                post, admitted.routing, outcome.route, admitted.facts,
-                usage_tokens=tokens,
-                now_ms=now_ms,
-            )
+            _guarded(services, call, "routing", services.router.record,
+                     post, admitted.routing, outcome.route, admitted.facts,
+                     usage_tokens=tokens, now_ms=now_ms, fallback=None)
         cache = services.cache
         if cache is not None and outcome.status == "success" and admitted.cached is None:
-            cache.store(
-                post, call.api, call.group, call.body,
-                outcome.body,
-                outcome.usage, call.cache, namespace=admitted.cache_namespace or "global",
-                now_ms=now_ms, key=admitted.cache_key,
-            )
+            _guarded(services, call, "cache", cache.store,
+                     post, call.api, call.group, call.body,
+                     outcome.body,
+                     outcome.usage, call.cache, namespace=admitted.cache_namespace or "global",
+                     now_ms=now_ms, key=admitted.cache_key, fallback=None)
     deployment = outcome.deployment
     duration_s = trio.current_time() - call.request.started_at
     if services.spend_logs is not None:
-        services.spend_logs.submit_nowait(_spend_row(call, admitted, outcome, now_ms, cost))
+        row = _guarded(services, call, "spend_row", _spend_row, call, admitted, outcome,
+                       now_ms, cost, fallback=None)
+        if row is None:  # what is known without the answer's body and events
+            row = _guarded(services, call, "spend_row", _spend_row, call, admitted,
+                           attrs.evolve(outcome, body=None, events=None), now_ms, cost,
+                           fallback=None)
+        if row is not None:
+            _guarded(services, call, "spend_log", services.spend_logs.submit_nowait, row,
+                     fallback=None)
+    _guarded(services, call, "metrics", _observe, services, call, admitted, outcome,
+             duration_s, cost, fallback=None)
+    if logger.isEnabledFor(logging.INFO):  # the line's dict only when it is written
+        _guarded(services, call, "log", _log_line, call, outcome, deployment, duration_s,
+                 cost, log_prompts=settings.log_prompts, fallback=None)
+    if services.spans is not None:
+        _guarded(services, call, "spans", _request_done, services, call, admitted, outcome,
+                 settle_started_s, cost, fallback=None)
+
+
+def _guarded(services: Services, call: Call, step: str, run: Callable[..., R], *args: Any,
+             fallback: R, **kwargs: Any) -> R:
+    """``run(*args, **kwargs)``, or ``fallback`` (logged, counted) if it raises."""
+    try:
+        return run(*args, **kwargs)
+    except Exception as exc:  # settlement goes on whatever one step does
+        _step_failed(services, call, step, exc)
+        return fallback
+
+
+@contextmanager
+def _guarded_exit(services: Services, call: Call) -> Iterator[None]:
+    """The post-call batch's hand-off (its ``with`` exit) under :func:`_guarded`'s rule."""
+    try:
+        yield
+    except Exception as exc:  # the steps after it still run
+        _step_failed(services, call, "hand_off", exc)
+
+
+def _step_failed(services: Services, call: Call, step: str, exc: Exception) -> None:
+    # Logged without the message or a traceback: an upstream's text may carry its data.
+    logger.error("a settlement step failed; settling the rest",
+                 extra={"trace_id": call.trace_id, "step": step, "error": type(exc).__name__})
+    with suppress(Exception):
+        services.metrics.settlement_errors_child(step).inc()
+
+
+def _sane_usage(call: Call, outcome: Outcome) -> Outcome:
+    """``outcome`` with an upstream's negative token counts as zero (logged)."""
+    usage = outcome.usage
+    if usage.input_tokens >= 0 and usage.output_tokens >= 0:
+        return outcome
+    logger.warning("the upstream reported negative usage; counted as zero",
+                   extra={"trace_id": call.trace_id, "input_tokens": usage.input_tokens,
+                          "output_tokens": usage.output_tokens})
+    return attrs.evolve(outcome, usage=attrs.evolve(
+        usage, input_tokens=max(0, usage.input_tokens),
+        output_tokens=max(0, usage.output_tokens)))
+
+
+def _governance(post: PostCallBatch, admitted: Admission, outcome: Outcome, cost: int,
+                tokens: int, now_ms: int) -> bool:
+    governance_settle(post, admitted.request, budget_outcome=admitted.budgets,
+                      rate_outcome=admitted.rates, actual_nanousd=cost,
+                      actual_tokens=tokens, admitted=outcome.admitted, now_ms=now_ms)
+    return True
+
+
+def _budgets_alone(post: PostCallBatch, admitted: Admission, cost: int, now_ms: int) -> None:
+    if admitted.budgets is not None:
+        budgets.settle(post, admitted.budgets, admitted.request,
+                       actual_nanousd=max(0, cost), now_ms=now_ms)
+
+
+def _rates_alone(post: PostCallBatch, admitted: Admission, outcome: Outcome, tokens: int,
+                 now_ms: int) -> None:
+    if admitted.rates is not None:
+        rate_limits.settle(post, admitted.rates, admitted.request,
+                           actual_tokens=max(0, tokens), admitted=outcome.admitted,
+                           now_ms=now_ms)
+
+
+def _observe(services: Services, call: Call, admitted: Admission, outcome: Outcome,
+             duration_s: float, cost: int) -> None:
+    deployment = outcome.deployment
     services.metrics.observe_request(
         call.route, call.group, deployment.id if deployment else "-",
         outcome.http_status or 0, duration_s, cost_nanousd=cost,
     )
     if admitted.routing is not None:
         services.metrics.observe_attempts(admitted.routing.attempts)
-    if logger.isEnabledFor(logging.INFO):  # the line's dict only when it is written
-        _log_line(call, outcome, deployment, duration_s, cost, log_prompts=settings.log_prompts)
-    if services.spans is not None:
-        services.spans.request_done(_spans(call, admitted, outcome, settle_started_s, cost))
+
+
+def _request_done(services: Services, call: Call, admitted: Admission, outcome: Outcome,
+                  settle_started_s: float, cost: int) -> None:
+    assert services.spans is not None
+    services.spans.request_done(_spans(call, admitted, outcome, settle_started_s, cost))
 
 
 def _log_line(call: Call, outcome: Outcome, deployment: Deployment | None, duration_s: float,
@@ -212,7 +313,8 @@ def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, c
         end_user=call.end_user,
         tags=tuple(dict.fromkeys((*call.tags, *(t.id for t in identity.tags)) if identity
                                  else call.tags)),
-        model_group=call.group,
+        # The group that answered: a fallback's, when the requested group's failed.
+        model_group=outcome.route.group_used if outcome.route is not None else call.group,
         deployment_id=deployment.id if deployment else None,
         upstream_model=deployment.upstream_model if deployment else None,
         input_tokens=outcome.usage.input_tokens,

@@ -173,6 +173,7 @@ class Journal:
         self._pending: list[JournalEntry] = []
         self._sizes: dict[int, int] = {}
         self._bytes = 0
+        self._dirty = False
         self.max_bytes = max_bytes
 
     @property
@@ -184,6 +185,11 @@ class Journal:
     def size_bytes(self) -> int:
         """Encoded size of the entries held (what the file holds after a rewrite)."""
         return self._bytes
+
+    @property
+    def dirty(self) -> bool:
+        """True while the file lacks entries held in memory (a write failed: disk full)."""
+        return self._dirty
 
     @property
     def path(self) -> Path:
@@ -266,9 +272,24 @@ class Journal:
         return refused, b"".join(line for _, line in accepted)
 
     def write_staged_sync(self, data: bytes) -> None:
-        """Append staged bytes and fsync (blocking: call from a worker thread)."""
-        if data:
+        """Append staged bytes and fsync (blocking: call from a worker thread).
+
+        After a failed write (disk full) the file is rewritten whole instead, so that it
+        holds again every entry kept in memory meanwhile.
+
+        Raises:
+            OSError: the write failed; the entries stay held in memory (and replayed).
+        """
+        if not data:
+            return
+        if self._dirty:
+            self._rewrite_sync()
+            return
+        try:
             self._append_sync(data)
+        except OSError:
+            self._dirty = True
+            raise
 
     def _append_sync(self, data: bytes) -> None:
         with open(self.path, "ab") as f:
@@ -292,12 +313,18 @@ class Journal:
 
     def _rewrite_sync(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            for start in range(0, len(self._pending), 1024):
-                f.write(b"".join(encode_entry(e) for e in self._pending[start:start + 1024]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "wb") as f:
+                for start in range(0, len(self._pending), 1024):
+                    f.write(b"".join(encode_entry(e)
+                                     for e in self._pending[start:start + 1024]))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError:  # the next rewrite truncates what this one left in tmp
+            self._dirty = True
+            raise
+        self._dirty = False
 
     def close(self) -> None:
         """Release the lock; the file stays if entries remain, for the next process."""

@@ -407,9 +407,16 @@ class RespBackend:
         try:
             with trio.fail_after(self._timeout_s):
                 conn = await self._connect()
-                await conn.stream.send_all(
-                    hiredis.pack_command(("SUBSCRIBE", *channels))  # type: ignore[arg-type]
-                )
+                try:
+                    await conn.stream.send_all(
+                        hiredis.pack_command(("SUBSCRIBE", *channels))  # type: ignore[arg-type]
+                    )
+                except BaseException:
+                    # Not handed to the caller: close it here (the watchdog forgets a
+                    # closed connection; it would otherwise keep the socket alive).
+                    self._open -= 1
+                    conn.close_nowait()
+                    raise
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
             raise BackendUnavailable(self._name, f"subscribe: {exc!r}") from exc
         try:

@@ -24,6 +24,7 @@ Shutdown calls :meth:`Settler.wait_drained` before cancelling the settler.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections import defaultdict
@@ -89,6 +90,9 @@ class SettlerStatistics:
         journal_bytes: encoded size of those entries.
         dead_lettered: commands written to the dead-letter file.
         retried: commands journaled for a transient error reply (not a failed pipeline).
+        disk_errors: journal or dead-letter writes that failed (disk full, I/O error).
+        disk_ok: False while the last such write failed: what the journal holds is in
+            memory only (kept, and replayed, but lost if the process dies).
     """
 
     queued: int
@@ -103,6 +107,8 @@ class SettlerStatistics:
     journal_bytes: int
     dead_lettered: int
     retried: int
+    disk_errors: int = 0
+    disk_ok: bool = True
 
 
 @final
@@ -348,6 +354,8 @@ class Settler:
         self._drained.set()
         self._flushes = self._pipelines = self._batches = self._commands = 0
         self._journaled = self._replayed = self._dead = self._retried = 0
+        self._disk_errors = 0
+        self._disk_ok = True
 
     def submit_nowait(self, batch: PostCallBatch) -> None:
         """Queue a closed batch for the next flush (sync; never blocks)."""
@@ -477,6 +485,8 @@ class Settler:
             journal_bytes=self._journal.size_bytes if self._journal else 0,
             dead_lettered=self._dead,
             retried=self._retried,
+            disk_errors=self._disk_errors,
+            disk_ok=self._disk_ok,
         )
 
     def _journal_pending(self) -> bool:
@@ -641,13 +651,31 @@ class Settler:
             return
         journal, dead_file = self._journal, self._dead_letters
 
-        def write() -> None:
+        def write() -> list[tuple[str, OSError]]:
+            failed: list[tuple[str, OSError]] = []
             if journal_data and journal is not None:
-                journal.write_staged_sync(journal_data)
+                try:
+                    journal.write_staged_sync(journal_data)
+                except OSError as exc:  # kept in memory; the next write rewrites it all
+                    failed.append(("journal", exc))
             if dead_data and dead_file is not None:
-                dead_file.write_staged_sync(dead_data)
+                try:
+                    dead_file.write_staged_sync(dead_data)
+                except OSError as exc:  # each letter was logged when staged
+                    failed.append(("dead-letter file", exc))
+            return failed
 
-        await trio.to_thread.run_sync(write, abandon_on_cancel=True)
+        self._disk_written(await trio.to_thread.run_sync(write, abandon_on_cancel=True))
+
+    def _disk_written(self, failed: list[tuple[str, OSError]]) -> None:
+        """Count a write of the journal or dead letters: a failure (disk full) degrades,
+        never stops the settler (it would take the gateway down with it)."""
+        for what, exc in failed:
+            self._disk_errors += 1
+            logger.error("could not write the %s (%s): what it holds is kept in memory "
+                         "and retried; free disk space", what,
+                         errno.errorcode.get(exc.errno or 0, type(exc).__name__))
+        self._disk_ok = not failed and not (self._journal is not None and self._journal.dirty)
 
     async def _replay(self) -> bool:
         """One replay pass (``_replay.py``): forget what landed, dead-letter what never will.
@@ -663,7 +691,12 @@ class Settler:
         self._replayed += result.entries_done
         await self._write_dead(result.dead)
         if result.done:
-            await self._journal.forget(result.done, remainders=result.remainders)
+            try:
+                await self._journal.forget(result.done, remainders=result.remainders)
+            except OSError as exc:
+                self._disk_written([("journal", exc)])
+            else:
+                self._disk_written([])
         if result.entries_done:
             logger.info("replayed %d journal entries (%d commands applied)",
                         result.entries_done, result.applied)

@@ -135,7 +135,7 @@ class _Entry:
     expires_at: float
 
 
-def _governed(principal: Principal) -> bool:
+def governed(principal: Principal) -> bool:
     """Whether charging a request to ``principal`` spends or counts anything."""
     limits = principal.limits
     return any(v is not None for v in (limits.max_budget_nanousd, limits.rpm, limits.tpm,
@@ -434,7 +434,7 @@ class IdentityResolver:
                                f"{label} '{party.alias or party.id}' is blocked")
         for tag in tags:
             row = rows.get(("tag", tag))
-            if (isinstance(row, Principal) and _governed(row)
+            if (isinstance(row, Principal) and governed(row)
                     and tag not in bundle.allowed_tags):
                 return _reject(403, "tag_not_allowed",
                                f"this key may not use tag '{tag}' (it has a budget or "

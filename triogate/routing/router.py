@@ -327,6 +327,8 @@ class Router:
         state: RoutingState,
         call: Callable[[Deployment], Awaitable[T]],
         facts: RoutingFacts | None = None,
+        *,
+        allowed: Callable[[str], bool] | None = None,
     ) -> RouteResult[T]:
         """Call a deployment, retrying and falling back per the router settings.
 
@@ -338,6 +340,9 @@ class Router:
             state: from :meth:`read`.
             call: the model call on one deployment.
             facts: overrides the state's ``estimate_tokens`` when given.
+            allowed: whether the caller may use a fallback group (its key's, team's and
+                user's model lists): a fallback it may not use is never tried. The
+                request's own group was checked at admission.
 
         Raises:
             ProviderError: non-retryable at once, or the last error when exhausted.
@@ -403,6 +408,8 @@ class Router:
                 )
 
         read = {g.group for g in state.groups}
+        if allowed is not None:
+            read = {g for g in read if g == state.group or allowed(g)}
         groups = [state.group, *(g for g in self.fallbacks(state.group, request) if g in read)]
         policy = self._policy if request.num_retries is None else attrs.evolve(
             self._policy, num_retries=request.num_retries)

@@ -225,10 +225,32 @@ class Store:
 
     # ------------------------------------------------------------------------ teams
 
-    async def create_team(self, **fields: Any) -> TeamRow:
-        """Create a team (``team_id`` defaults to a new UUID)."""
+    async def create_team(
+        self, *, members: Sequence[tuple[str, str, str | None]] = (),
+        create_users: Sequence[str] = (), **fields: Any,
+    ) -> TeamRow:
+        """Create a team (``team_id`` defaults to a new UUID) with its ``members``
+        ``(user_id, role, email)``, creating ``create_users`` (plain users) that do not
+        exist yet: all in one transaction, so that a failure leaves nothing behind.
+
+        Raises:
+            StoreConflict: the team exists, or a member is named twice (nothing written).
+        """
         fields.setdefault("team_id", str(uuid.uuid4()))
-        return await self._create_entity(ent.TEAMS, fields)  # type: ignore[no-any-return]
+        if not members and not create_users:
+            return await self._create_entity(ent.TEAMS, fields)  # type: ignore[no-any-return]
+        ent.check_fields(ent.TEAMS, fields, allowed=ent.TEAMS.settable | {ent.TEAMS.id_field})
+        now = self._now_ms()
+        values = ent.create_values(ent.TEAMS, fields, now_ms=now)
+        added = [TeamMember(team_id=fields["team_id"], user_id=u, role=r, user_email=e,
+                            created_at_ms=now) for u, r, e in members]
+        emails = {u: e for u, _, e in members}
+        users = [ent.create_values(ent.USERS, {"user_id": u, "user_email": emails.get(u),
+                                               "user_role": "internal_user"}, now_ms=now)
+                 for u in create_users]
+        return await self._threads.run(
+            f"create team '{fields['team_id']}'",
+            lambda: ent.create_team(self._engine, values, add=added, create_users=users))
 
     async def get_teams(self, team_ids: Sequence[str]) -> dict[str, TeamRow]:
         """Teams by id, in one query."""

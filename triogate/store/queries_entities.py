@@ -35,7 +35,7 @@ from .records import (
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
 
 #: Record field ↔ column, where LiteLLM's column name lacks the unit.
 _FIELD_TO_COLUMN = {
@@ -133,15 +133,11 @@ def change_members(
     """In one transaction: create missing users, add members, set roles, remove members.
 
     An added member that already exists raises ``IntegrityError`` (nothing is written).
+    A user to create that exists by then (created meanwhile) is kept as it is.
     """
     c = schema.team_members.c
     with engine.begin() as conn:
-        if create_users:
-            conn.execute(sa.insert(schema.users), [dict(u) for u in create_users])
-        if add:
-            conn.execute(sa.insert(schema.team_members), [
-                {"team_id": team_id, "user_id": m.user_id, "role": m.role,
-                 "user_email": m.user_email, "created_at": m.created_at_ms} for m in add])
+        _add_members(conn, team_id, add, create_users)
         for user_id, role in (roles or {}).items():
             conn.execute(sa.update(schema.team_members)
                          .where(c.team_id == team_id, c.user_id == user_id)
@@ -149,6 +145,39 @@ def change_members(
         if remove:
             conn.execute(sa.delete(schema.team_members)
                          .where(c.team_id == team_id, c.user_id.in_(list(remove))))
+
+
+def create_team(engine: Engine, values: Mapping[str, Any], *,
+                add: Sequence[TeamMember] = (),
+                create_users: Sequence[Mapping[str, Any]] = ()) -> TeamRow:
+    """In one transaction: insert a team, create missing users, add members; return the
+    team. Nothing is written if any of it fails (``IntegrityError``: the team exists, or a
+    member is named twice)."""
+    with engine.begin() as conn:
+        stmt = sa.insert(TEAMS.table).values(dict(values)).returning(*TEAMS.table.c)
+        row: TeamRow = row_from_db(TEAMS, conn.execute(stmt).mappings().one())
+        _add_members(conn, row.team_id, add, create_users)
+    return row
+
+
+def _add_members(conn: Connection, team_id: str, add: Sequence[TeamMember],
+                 create_users: Sequence[Mapping[str, Any]]) -> None:
+    """Create the users that do not exist yet (one created meanwhile by a concurrent
+    call is kept: no conflict), then add the members."""
+    if create_users:
+        insert: Any = sa.insert
+        if conn.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        elif conn.dialect.name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        stmt = insert(schema.users)
+        if insert is not sa.insert:
+            stmt = stmt.on_conflict_do_nothing(index_elements=[schema.users.c.user_id])
+        conn.execute(stmt, [dict(u) for u in create_users])
+    if add:
+        conn.execute(sa.insert(schema.team_members), [
+            {"team_id": team_id, "user_id": m.user_id, "role": m.role,
+             "user_email": m.user_email, "created_at": m.created_at_ms} for m in add])
 
 
 def referencing(engine: Engine, budget_id: str) -> list[tuple[str, str]]:

@@ -145,7 +145,8 @@ def shaped(api: EntityApi, details: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _create(api: EntityApi, services: Services, body: dict[str, Any],
-                  extra: frozenset[str] = frozenset()) -> tuple[Any, dict[str, str]]:
+                  extra: frozenset[str] = frozenset(), **with_row: Any
+                  ) -> tuple[Any, dict[str, str]]:
     fields = parse_fields(body, api.fields, context(services),
                           extra=extra | {api.id_param})
     ident = body.get(api.id_param)
@@ -155,7 +156,7 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
     if api.kind != "tag":
         fields = await inherit(store_of(services), fields)
     with sql(what):
-        row = await api.store_call(store_of(services), "create")(**fields)
+        row = await api.store_call(store_of(services), "create")(**fields, **with_row)
     headers = await announce(services, (api.kind, getattr(row, api.store_id)))
     return row, headers
 
@@ -165,18 +166,17 @@ async def new(api: EntityApi, services: Services, request: Request, caller: Call
     """POST /<entity>/new (a team may come with its ``members_with_roles``)."""
     body = await begin(services, request)
     members: list[Any] = []
+    with_members: dict[str, Any] = {}
     if api.kind == "team" and body.get("members_with_roles"):
         body = dict(body)
         wanted = parse_members("members_with_roles", body.pop("members_with_roles"))
         parse_fields(body, api.fields, context(services), extra=frozenset({api.id_param}))
         members, create = await member_ids(store_of(services), wanted)
-    row, headers = await _create(api, services, body)
+        # The team, its new users and its members: one transaction (all or nothing).
+        with_members = {"members": members, "create_users": create}
+    row, headers = await _create(api, services, body, **with_members)
     out = shaped(api, render_row(row))
     if api.kind == "team":
-        if members:
-            with sql(f"add members to team '{row.team_id}'"):
-                await store_of(services).change_team_members(row.team_id, add=members,
-                                                             create_users=create)
         out["members_with_roles"] = [{"user_id": u, "user_email": e, "role": r}
                                      for u, r, e in members]
     return Response.json(out, headers=headers)
