@@ -275,7 +275,7 @@ class TriogateSettings:
     #: drain does not wait). With one client, a flush sent as the response leaves lands
     #: on the next request's pre-call work; 5 ms later it lands in that request's
     #: upstream wait instead, and under load more requests share a flush
-    #: (``bench/results/w6-tail.md``). A settlement that gives back a parallel-request
+    #: (``bench/load.py``). A settlement that gives back a parallel-request
     #: slot leaves at once (``PostCallBatch.hurry``): a client under
     #: ``max_parallel_requests`` may send its next request as soon as it has the answer.
     #: Meanwhile a budget still holds the request's estimate and a TPM window its

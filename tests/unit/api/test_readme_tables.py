@@ -1,4 +1,4 @@
-"""The README's migration tables are the ones the code enforces (issue #12)."""
+"""The README's migration tables are the ones the code enforces."""
 
 from __future__ import annotations
 
