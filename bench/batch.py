@@ -1,4 +1,4 @@
-"""Benchmarks of triogate.batch alone (issue: foundation). Ratios matter, not absolutes.
+"""Benchmarks of triogate.batch alone. Ratios matter, not absolutes.
 
     python bench/batch.py            # prints a Markdown table, writes bench/results/batch.json
 

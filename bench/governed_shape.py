@@ -1,5 +1,5 @@
 """The governed request of ``bench/load.py``, for benches that run a gateway in-process
-(``redis_cpu.py``, ``redis_capacity.py``): its configuration, its principals and its
+(``redis_capacity.py``): its configuration, its principals and its
 traffic, so that every Redis figure is taken on the same shape.
 
 The shape: two deployments of one group behind usage-based routing, the response cache

@@ -293,13 +293,13 @@ def _find(points: list[dict[str, Any]], variant: str, c: int,
 
 
 def goal_lines(points: list[dict[str, Any]]) -> list[str]:
-    """Issue 13's goals, each as the figure measured in this run against its target."""
+    """The performance targets, each as the figure measured in this run against it."""
     gov, lite = "gateway, 1 worker", "litellm, 1 worker, master key"
-    lines = ["| goal | measured in this run | target |", "|---|---|---|"]
+    lines = ["| what | measured in this run | target |", "|---|---|---|"]
     g32, l32 = _find(points, gov, 32), _find(points, lite, 32)
     if g32 and l32:
         lines.append(
-            f"| 1. governed req/s per worker at c=32 vs LiteLLM (master key) | {g32['rps']:.0f} "
+            f"| governed req/s per worker at c=32 vs LiteLLM (master key) | {g32['rps']:.0f} "
             f"vs {l32['rps']:.0f} req/s: **{g32['rps'] / l32['rps']:.1f}x**; CPU ms/req "
             f"{_f(g32['cpu_ms_per_request'].get('gateway'))} vs "
             f"{_f(l32['cpu_ms_per_request'].get('gateway'))} | ≥ 10x |")
@@ -309,20 +309,20 @@ def goal_lines(points: list[dict[str, Any]]) -> list[str]:
             cpu32 = g32["cpu_ms_per_request"].get("gateway")
             cpuc = gc["cpu_ms_per_request"].get("gateway")
             lines.append(
-                f"| 2. c={c} vs c=32, governed | req/s {gc['rps']:.0f} vs {g32['rps']:.0f}: "
+                f"| c={c} vs c=32, governed | req/s {gc['rps']:.0f} vs {g32['rps']:.0f}: "
                 f"**{gc['rps'] / g32['rps']:.0%}**; CPU ms/req {_f(cpuc)} vs {_f(cpu32)} "
                 f"({_f(cpuc / cpu32 if cpuc and cpu32 else None)}x) | ≥ 90 %, CPU flat |")
     g1, d1 = _find(points, gov, 1), _find(points, "direct", 1)
     if g1 and d1:
         gl, dl = g1["latency_ms"], d1["latency_ms"]
         lines.append(
-            f"| 4. added p99 at c=1, governed | {gl['p99']:.2f} - {dl['p99']:.2f} = "
+            f"| added p99 at c=1, governed | {gl['p99']:.2f} - {dl['p99']:.2f} = "
             f"**{gl['p99'] - dl['p99']:+.2f} ms** (added p50 {gl['p50'] - dl['p50']:+.2f} ms) "
             "| ≤ 3 ms |")
     if g32:
         redis_ms = _f(g32["cpu_ms_per_request"].get("redis"), 3)
         lines.append(
-            f"| 5. Redis CPU per governed request, c=32 | **{redis_ms} "
+            f"| Redis CPU per governed request, c=32 | **{redis_ms} "
             f"ms** of the server's CPU; {_f(g32.get('redis_script_usec_per_request'), 1)} µs in "
             f"scripts (INFO commandstats); {_f(g32.get('redis_scripts_per_request'), 1)} scripts, "
             f"{_f(g32.get('redis_commands_per_request'), 1)} commands | ≤ 0.1 ms |")
@@ -331,7 +331,7 @@ def goal_lines(points: list[dict[str, Any]]) -> list[str]:
         lat = (p.get("gateway") or {}).get("latency") or {}
         ok = (p.get("gateway") or {}).get("post_call_batches")
         lines.append(
-            f"| 6. overload, c={p['connections']}, {p['variant'].split(', ')[-1]} | "
+            f"| overload, c={p['connections']}, {p['variant'].split(', ')[-1]} | "
             f"{p['rps']:.0f} answers/s, {p['errors']['status']} refused (503) of "
             f"{p['requests']}; admitted (gateway histogram): {lat.get('observed', '-')}"
             f", p50 ≤ {_f(lat.get('p50_le_s'))} s, p99 ≤ {_f(lat.get('p99_le_s'))} s; "
@@ -363,8 +363,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"{statistics.median(canaries):.2f} ms; the spread shows how much the shared host "
         "varied while this ran.", "",
     ]
-    out += ["## Issue 13's goals, measured in this run", "", *goal_lines(points), "",
-            "Goal 3 (4,096 open streams) is `bench/streams.py`'s run (`results/streams.md`).",
+    out += ["## Performance targets, measured in this run", "", *goal_lines(points), "",
+            "The open-streams target (4,096 streams) is `bench/streams.py`'s run "
+            "(`results/streams.md`).",
             ""]
     for mode, title in (("json", "Non-streaming"), ("stream", "Streaming")):
         out += [f"## {title} chat completions", "",

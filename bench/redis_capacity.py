@@ -1,8 +1,8 @@
 """How many governed requests a second one Redis core carries: the gateway's own traffic,
 captured, then replayed from many connections at once.
 
-Why this exists: ``bench/redis_cpu.py`` measures the server's CPU per request with one
-gateway on this 2-core host, so the server wakes up for one small pipeline at a time and
+Why this exists: the server's CPU per request measured with one gateway (``bench/load.py``)
+is taken on this 2-core host, so the server wakes up for one small pipeline at a time and
 shares the machine with the gateway that feeds it. A wake-up costs the server a ``read``,
 a ``write`` and an ``epoll_wait`` (17-20 µs of system time each on this VM) and runs the
 scripts on cold caches. That is the cost at *one* gateway's load, not the server's

@@ -93,11 +93,19 @@ class LitellmParams:
     #: LiteLLM's per-deployment ``drop_params``: drop what this provider cannot take.
     drop_params: bool | None = None
     # Azure OpenAI only (``model: azure/<deployment>``):
+    #: Azure: the ``api-version`` query parameter (default ``AZURE_API_VERSION``, else
+    #: 2024-10-21).
     api_version: str | None = None
+    #: Azure: a static Entra ID bearer token, instead of ``api_key``.
     azure_ad_token: str | None = attrs.field(default=None, repr=False)
+    #: Azure: the Entra ID tenant for client credentials (default ``AZURE_TENANT_ID``).
     tenant_id: str | None = None
+    #: Azure: the application (client) id for client credentials (``AZURE_CLIENT_ID``).
     client_id: str | None = None
+    #: Azure: the client secret for client credentials (``AZURE_CLIENT_SECRET``).
     client_secret: str | None = attrs.field(default=None, repr=False)
+    #: Azure: where Entra ID issues tokens (``AZURE_AUTHORITY_HOST``, default
+    #: https://login.microsoftonline.com).
     azure_authority_host: str | None = None
 
 
@@ -175,11 +183,14 @@ class CacheParamsFile:
     password: str | None = attrs.field(default=None, repr=False)
     url: str | None = attrs.field(default=None, repr=False)
     redis_url: str | None = attrs.field(default=None, repr=False)
-    # Redis Sentinel, as LiteLLM names it: the sentinels ([[host, port], ...] or
-    # ["host:port", ...]), the monitored service, and the sentinels' own password.
+    #: Redis Sentinel: the sentinels, ``[[host, port], ...]`` or ``["host:port", ...]``
+    #: (with ``service_name``, they become a ``redis+sentinel://`` URL).
     sentinel_nodes: list[Any] | None = None
+    #: Redis Sentinel: another spelling of ``sentinel_nodes``.
     redis_sentinel_nodes: list[Any] | None = None
+    #: Redis Sentinel: the monitored service's name (``sentinel monitor NAME``).
     service_name: str | None = None
+    #: Redis Sentinel: the sentinels' own password (``password`` is the primary's).
     sentinel_password: str | None = attrs.field(default=None, repr=False)
 
 
@@ -301,7 +312,7 @@ class TriogateSettings:
     #: drain does not wait). With one client, a flush sent as the response leaves lands
     #: on the next request's pre-call work; 5 ms later it lands in that request's
     #: upstream wait instead, and under load more requests share a flush
-    #: (``bench/results/w6-tail.md``). A settlement that gives back a parallel-request
+    #: (``bench/load.py``). A settlement that gives back a parallel-request
     #: slot leaves at once (``PostCallBatch.hurry``): a client under
     #: ``max_parallel_requests`` may send its next request as soon as it has the answer.
     #: Meanwhile a budget still holds the request's estimate and a TPM window its

@@ -1,4 +1,4 @@
-"""Admin input is bounded and atomic (issue #11's admin items), over real HTTP.
+"""Admin input is bounded and atomic, over real HTTP.
 
 Out-of-range values are 400s naming the field and write nothing, so ``/key/info`` and
 ``/key/list`` keep answering; custom keys have a minimum length and alphabet and are

@@ -1,5 +1,5 @@
 """LiteLLM's budget table (``/budget/*``, ``budget_id``) and spend logs a client can match
-to its responses (issue #12 items 4 and 8), over real HTTP, bodies as LiteLLM documents
+to its responses, over real HTTP, bodies as LiteLLM documents
 them."""
 
 from __future__ import annotations

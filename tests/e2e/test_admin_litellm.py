@@ -1,4 +1,4 @@
-"""LiteLLM admin scripts work unchanged (issue #12, admin side), over real HTTP.
+"""LiteLLM admin scripts work unchanged (admin side), over real HTTP.
 
 Bodies as LiteLLM's own clients send them (every field present, most null or empty) are
 accepted; a field that asks for behaviour triogate does not have is refused by name;

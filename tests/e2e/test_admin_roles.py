@@ -1,4 +1,4 @@
-"""Roles and self-service (issue #12): every admin route, called by every role, over real
+"""Roles and self-service: every admin route, called by every role, over real
 HTTP, against the one table ``roles.RULES``; then what each role sees and changes.
 """
 

@@ -7,7 +7,7 @@ script renders as text, the new key is shown once, every input has a label, the 
 reaches the main actions, the configuration page shows no secret. Screenshots of each
 page go to ``build/screenshots/`` (ignored by git), or to the folder named by
 ``TRIOGATE_SCREENSHOTS_DIR``: ``TRIOGATE_SCREENSHOTS_DIR=docs/screenshots`` refreshes the
-ones the README shows, so an ordinary run leaves the work tree clean.
+ones docs/dashboard.md shows, so an ordinary run leaves the work tree clean.
 
 Skipped, with the reason, when chromium or Playwright is not installed
 (``.ci/install-browser.sh`` installs both).

@@ -1,5 +1,5 @@
-"""A complete (non-streamed) answer is written before its request settles (issue 13,
-goal 4): settlement's ~0.2 ms of work (post-call declarations, the cache entry, the
+"""A complete (non-streamed) answer is written before its request settles:
+settlement's ~0.2 ms of work (post-call declarations, the cache entry, the
 spend-log row, metrics) is no longer between the upstream's (or the cache's) answer and
 the client's. It still happens exactly once, in the same task, before anything else runs."""
 

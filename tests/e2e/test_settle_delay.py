@@ -1,6 +1,6 @@
 """The settler's group-commit delay as the gateway wires it: post-call writes leave
 ``post_call_settle_delay_s`` after they were queued, later while requests are in their
-pre-call checks (the admission gate's count), never on a drain (issue 13, goal 4), and
+pre-call checks (the admission gate's count), never on a drain, and
 at once when they give back a parallel-request slot, which the client's next request may
 need as soon as it has its answer."""
 

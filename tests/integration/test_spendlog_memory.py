@@ -1,4 +1,4 @@
-"""Spend-log inserts into SQLite keep the process's memory bounded (issue 11).
+"""Spend-log inserts into SQLite keep the process's memory bounded.
 
 Before: each batch size gave its own multi-row ``INSERT ... RETURNING`` text, every text
 stayed prepared in the connection's statement cache (128 per connection) holding its

@@ -190,8 +190,8 @@ class SettledAfter(Response):
     Whatever happens to the write (the client gone, a cancellation), it settles: settling
     is synchronous, so no cancellation can land half-way and no shield is needed.
 
-    Settling later instead, when the worker idles, was tried and measured (wave 10,
-    ``bench/results/w10-cpu.md``): at one connection the next request then waits for a
+    Settling later instead, when the worker idles, was tried and measured (under
+    callgrind): at one connection the next request then waits for a
     wake-up instead (the worker is asleep when it arrives), two more run-loop passes per
     request, and no latency gained.
     """
@@ -258,7 +258,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         # folded into it as it passes (cache/assembly.py keeps the text pieces, not the
         # events). Keeping every event (as dicts, then as wire bytes parsed again at the
         # end) cost the collector's walks, ~90 MB at 4,096 streams and ~1 us per chunk
-        # (bench/results/w6-, w9-, w10-stream.md).
+        # (bench/streams.py).
         naming: list[dict[str, Any]] | None = None  # [that event], once one came
         cache = services.cache
         wanted = services.config.settings.log_prompts or (

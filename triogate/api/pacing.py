@@ -22,7 +22,7 @@ write).
 tick (:data:`TICK_S`) at a time while any stream is open and measures how late it woke.
 Trio looks at its timers between passes, so the lateness is about as long as the pass
 that was running: more than a tick late means passes are long, i.e. the worker is behind
-(ten passes of one tick are 50 ms, goal 3's bound on added time to first event). It takes
+(ten passes of one tick are 50 ms, the bound on added time to first event). It takes
 two late wake-ups in a row: one alone is as often the host running another process for a
 few ms (on a shared 2-vCPU host a worker with 256 streams saw that often enough to hold
 half its writes), which passes without anything held. The flag

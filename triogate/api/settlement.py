@@ -119,7 +119,7 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
     around it (a cancellation cannot land half-way), and nothing else runs between the
     request's last write and its accounting. Dropping the shielded scope each caller
     entered took 1.7 % of a governed request's instructions at one connection (with
-    ``BatchScope.rounds``, ``bench/results/w10-cpu.md``).
+    ``BatchScope.rounds``, measured under callgrind).
 
     Never raises: every step runs on its own (:func:`_guarded`), so a step that fails (an
     upstream's impossible usage, a bug) is logged and counted

@@ -4,7 +4,7 @@ Why: every ``EVALSHA`` has a fixed cost on the server beyond its Lua body (parsi
 command, the script lookup, building KEYS and ARGV, the protected call, the reply, the
 command's statistics); a governed request sends fourteen. Fused, the calls of one round
 pay it once, plus a smaller per-call cost in the dispatcher. Measured on redis 7.0
-(bench/README.md): the fixed cost is about 2 µs a call and the dispatcher's about
+(callgrind and INFO commandstats): the fixed cost is about 2 µs a call and the dispatcher's about
 1.4 µs, so fusion saves a little under 1 µs per script call: small against today's
 script bodies, a larger share as they shrink.
 

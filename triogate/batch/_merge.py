@@ -4,7 +4,8 @@ Why: the settler's group commit carries, under load, several requests' settlemen
 the same principal (same script, same KEYS) in one flush. Each call reads and writes the
 same shared counters; a *merged* script settles every request in turn but touches the
 shared counters once (one HINCRBY of the sum, one HDEL with many fields, ...), so the
-server's work per request drops with the group's size (``bench/results/w5-agg.md``).
+server's work per request drops with the group's size (measured as the Redis
+server's instructions per request under callgrind).
 
 A :class:`Merge` names a script (``single``) and the script that does the work of many of
 its calls (``merged``). The wire contract, the same for every merge:

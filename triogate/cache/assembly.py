@@ -5,7 +5,7 @@ directions) turns a finished stream's events into the complete response body the
 stores. It is implemented on an :class:`Assembler` per API, which a streaming request feeds
 each event as it forwards it (``api/flow.py``), so that nothing has to keep the stream's
 events (or their wire bytes) until its end and parse them a second time: ~90 MB and
-~1 µs per chunk at 4,096 streams of 100 chunks (``bench/results/w9-stream.md``).
+~1 µs per chunk at 4,096 streams of 100 chunks (``bench/streams.py``).
 
 An assembler keeps only what the body needs: the head fields, per choice or block the text
 pieces as strings (joined at the end), tool calls, usage. It never keeps an event dict
@@ -40,7 +40,7 @@ _SET_KEYS = frozenset({"role", "index", "type", "id", "name"})
 
 # Text pieces are joined once this many are waiting: a piece of a few characters is a str
 # object of ~55 bytes, so 4,096 streams of 100 chunks held ~35 MB of them, ~20 MB joined
-# this way (bench/results/w10-stream.md). Each join copies the text so far again: for an
+# this way (bench/streams.py). Each join copies the text so far again: for an
 # answer of n pieces ~n²/(2·64) piece copies in all, ~2 ms for a 64 kB answer in 16k pieces,
 # against ~0.5 s of forwarding them.
 _JOIN_AT = 64
@@ -185,7 +185,7 @@ class ChatAssembler(Assembler):
         # Per choice whose message content is a string so far: the pieces to append to it.
         # A delta of content alone (nearly every chunk) is one list append; the pieces are
         # joined when another delta reaches that message, and at the end (~5 % of a
-        # streaming worker went to merging each chunk with _merge_delta, w9-stream).
+        # streaming worker went to merging each chunk with _merge_delta).
         self._texts: dict[int, list[str]] = {}
         # The same for a tool call's arguments: (choice, call) -> the call's ``function``
         # object and the pieces to append to its arguments. Appended one ``+=`` per chunk,

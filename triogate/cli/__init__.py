@@ -41,13 +41,16 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path,
-                       help="YAML config (default: the packaged one, config/gateway.yaml)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=4000)
-    serve.add_argument("--workers", type=int, default=1, help="processes sharing one port")
+                       help="YAML config (default: triogate/example.yaml, packaged with "
+                            "triogate; config/gateway.yaml is a copy of it)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=4000, help="port (default 4000)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="processes sharing one port (default 1)")
     serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     admin.add_parsers(sub)
-    bench = sub.add_parser("bench", help="benchmarks (see bench/README.md)")
+    bench = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     which = bench.add_subparsers(dest="bench_command", required=True)
     add_roundtrips_arguments(
         which.add_parser("roundtrips", help="count Redis waits per request shape"))

@@ -255,8 +255,8 @@ def add_parsers(subparsers: Any) -> None:
     listing = leaf(sub, "list", _keys_list, "list keys")
     listing.add_argument("--team-id")
     listing.add_argument("--user-id")
-    listing.add_argument("--page", type=int, default=1)
-    listing.add_argument("--size", type=int, default=100)
+    listing.add_argument("--page", type=int, default=1, help="page number (default 1)")
+    listing.add_argument("--size", type=int, default=100, help="keys per page (default 100)")
     leaf(sub, "delete", _keys_delete, "delete keys").add_argument(
         "keys", nargs="+", help="keys or their hashes (token)")
     leaf(sub, "info", _keys_info, "a key's limits and spend").add_argument("key")

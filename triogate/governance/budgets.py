@@ -67,7 +67,7 @@ SETTLE = Script.from_package("triogate.lua", "budget_settle.lua")
 #: merges them: ``triogate/batch/_merge.py``; the script states why it is exact).
 SETTLE_MANY = Script.from_package("triogate.lua", "budget_settle_many.lua")
 #: From 4 calls: below, the merged script's own bookkeeping costs more server instructions
-#: than the calls it saves (bench/results/w5-agg.md: +4.8 % per request at 2, -3 % at 4).
+#: than the calls it saves (callgrind: +4.8 % per request at 2, -3 % at 4).
 SETTLE_MERGE = Merge(single=SETTLE, merged=SETTLE_MANY, max_calls=128, min_calls=4)
 
 logger = logging.getLogger("triogate.governance.budgets")

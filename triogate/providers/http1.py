@@ -105,7 +105,7 @@ class UpstreamConnection:
                 if self.behind and not watch.dog.pacer.behind:
                     # The last read found bytes waiting: the worker is behind. One more
                     # scheduler pass before this read lets more arrive, so that it (and
-                    # the client write after it) carries more chunks (see w7-stream.md).
+                    # the client write after it) carries more chunks (bench/streams.py).
                     # Not while the pacer holds the streams: this read follows a window's
                     # wait already, and the pass would only cost one more wake-up.
                     await trio.lowlevel.checkpoint()
@@ -435,7 +435,7 @@ def whole_chunks(data: bytes) -> tuple[bytes, int]:
     One pass over the read's bytes, no buffer round trip. A read of exactly one chunk (a
     worker that keeps up) costs what the single-chunk check it replaces did; one of
     several (a worker that is behind) 0.75 µs per chunk against 1.1 for the bytearray and
-    :func:`buffered_chunk` per chunk (timeit, ``bench/results/w9-stream.md``)."""
+    :func:`buffered_chunk` per chunk (timeit)."""
     end = data.find(b"\r\n")
     if end <= 0:
         return b"", 0

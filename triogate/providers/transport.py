@@ -114,7 +114,7 @@ async def _connect_ip(family: socket.AddressFamily, host: str, port: int) -> tri
 
     ``trio.open_tcp_stream`` resolves the host (a literal too), then runs its happy
     eyeballs in a nursery, a task per address and a cancel scope per attempt: ~180 µs of
-    CPU per connection on the bench host against ~90 here (``bench/results/w9-stream.md``;
+    CPU per connection on the bench host against ~90 here (``bench/streams.py``;
     a stream usually opens its own connection when thousands are open at once). With one
     address there is nothing to race. ``trio.SocketStream`` sets TCP_NODELAY, as there.
     """

@@ -167,7 +167,7 @@ def _insert_sqlite(conn: Connection, rows: Sequence[SpendLogRow]) -> int:
     One text matters: with RETURNING, SQLAlchemy writes one multi-row VALUES text per
     batch size, and every text is a prepared statement in the connection's cache that
     keeps its last bound values (a whole batch, tags included): memory grew with each
-    new batch size (issue 11). sqlite3's rowcount sums the changes: skipped rows count 0.
+    new batch size. sqlite3's rowcount sums the changes: skipped rows count 0.
     """
     inserted: int = conn.exec_driver_sql(_SQLITE_INSERT, [row_to_sqlite(r) for r in rows]
                                          ).rowcount

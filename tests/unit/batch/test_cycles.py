@@ -1,5 +1,5 @@
 """A request's batch scope and post-call batch are freed by reference counting, not left
-to the cyclic collector: its passes stop the loop (issue 13, goal 4)."""
+to the cyclic collector: its passes stop the loop and add to the one-connection tail."""
 
 from __future__ import annotations
 

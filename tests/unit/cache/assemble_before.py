@@ -1,5 +1,5 @@
-"""The batch ``assemble`` as it was before the incremental assemblers (``806cfa8``,
-``triogate/cache/replay.py``), verbatim: the reference ``test_assembly.py`` holds the
+"""The batch ``assemble`` as it was before the incremental assemblers
+(``triogate/cache/replay.py``), verbatim: the reference ``test_assembly.py`` holds the
 new code to. Not imported by triogate."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _assemble_chat(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None
     # Per choice whose message content is a string so far: the pieces to append to it.
     # A delta of content alone (nearly every chunk) is one list append; the pieces are
     # joined when another delta reaches that message, and at the end (~5 % of a streaming
-    # worker went to merging each chunk with _merge_delta, bench/results/w9-stream.md).
+    # worker went to merging each chunk with _merge_delta).
     texts: dict[int, list[str]] = {}
     usage: Any = None
     for event in events:

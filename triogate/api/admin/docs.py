@@ -1,4 +1,4 @@
-"""The README's migration tables, rendered from the code that enforces them.
+"""The migration page's tables, rendered from the code that enforces them.
 
 * :func:`field_table`: every admin body field of every entity, from the field tables in
   ``fields.py`` / ``compat.py`` / ``budgets.py``: implemented, accepted as a no-op when
@@ -6,16 +6,14 @@
   entity (refused as unknown).
 * :func:`route_table`: every admin route and who may call it, from ``roles.RULES``.
 
-``tests/unit/api/test_readme_tables.py`` checks that the README holds exactly these
-tables between their markers; ``python -m triogate.api.admin.docs README.md`` rewrites
-them.
+``docs/migrating-from-litellm.md`` holds them between their markers;
+``python3 -m triogate.docgen`` rewrites them there (with the other generated pages) and
+``tests/unit/api/test_readme_tables.py`` checks them.
 """
 
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from triogate.api.admin import roles
@@ -137,7 +135,7 @@ def route_table() -> str:
 
 
 def render_into(text: str) -> str:
-    """``text`` (the README) with both tables replaced between their markers.
+    """``text`` (the migration page) with both tables replaced between their markers.
 
     Raises:
         ValueError: a marker is missing.
@@ -146,12 +144,8 @@ def render_into(text: str) -> str:
                               (ROUTES_BEGIN, ROUTES_END, route_table())):
         pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
         if not pattern.search(text):
-            raise ValueError(f"README lacks the marker {begin!r}")
-        replacement = f"{begin}\n{table}\n{end}"
+            raise ValueError(f"the page lacks the marker {begin!r}")
+        replacement = f"{begin}\n\n{table}\n\n{end}"
         text = pattern.sub(replacement.replace("\\", "\\\\"), text)
     return text
 
-
-if __name__ == "__main__":  # pragma: no cover - a maintainer's tool
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
-    path.write_text(render_into(path.read_text()))
