@@ -46,6 +46,7 @@ from triogate.governance.facts import CheckSettings
 from triogate.governance.identity import IdentityResolver
 from triogate.governance.leases import LeaseKeeper
 from triogate.governance.local import LocalGovernance
+from triogate.governance.principals import Limits
 from triogate.metrics import Metrics
 from triogate.otel import SpanExporter
 from triogate.providers import build_providers
@@ -240,7 +241,12 @@ async def open_gateway(
 
         metrics = Metrics(gauges)
         metrics_box.append(metrics)
-        checks = CheckSettings.from_config(settings.policies, settings.governance)
+        features = config.governance
+        checks = CheckSettings.from_config(
+            settings.policies, settings.governance,
+            proxy_limits=None if features.proxy_max_budget_nanousd is None else Limits(
+                max_budget_nanousd=features.proxy_max_budget_nanousd,
+                budget_duration_s=features.proxy_budget_duration_s))
         lease_keeper = LeaseKeeper(backends, checks, clock_ms)
         await nursery.start(lease_keeper.run)
         nursery.start_soon(pacer.run)
