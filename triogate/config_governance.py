@@ -29,8 +29,8 @@ ACTIONS = ("BLOCK", "MASK")
 #: Prebuilt patterns of the content filter: e-mail addresses, phone numbers, card numbers.
 PREBUILT = {
     "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
-    "phone": r"(?<![\w+])\+?(?:\d[ ().-]?){7,14}\d(?!\w)",
-    "credit_card": r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)",
+    "phone": r"(?<![\w+])(?<!\d[ ().-])\+?\(?(?:\d[ ().-]{0,2}){8,14}\d(?!\w|[ ().-]?\d)",
+    "credit_card": r"(?<!\d)(?<!\d[ -])(?:\d[ -]?){12,18}\d(?![ -]?\d)",
 }
 _DURATION = re.compile(r"^\s*(\d+)\s*(mo|s|m|h|d|w)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400, "mo": 30 * 86_400}

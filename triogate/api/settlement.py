@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 import trio
 
 from triogate.batch import post_call_batch
@@ -132,6 +133,8 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
         governance_settle(post, admitted.request, budget_outcome=admitted.budgets,
                           rate_outcome=admitted.rates, actual_nanousd=cost,
                           actual_tokens=tokens, admitted=outcome.admitted, now_ms=now_ms)
+        if services.alerts is not None and admitted.budgets is not None and cost:
+            services.alerts.observe(admitted.budgets, cost)  # sync: queued, never awaited
         if admitted.routing is not None:
             services.router.record(
                 post, admitted.routing, outcome.route, admitted.facts,
@@ -227,6 +230,8 @@ def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, c
         response_id=response_id(outcome),
         client_request_id=(call.request.request_id
                            if call.request.request_id != call.trace_id else None),
+        guardrails=orjson.dumps([v.record() for v in admitted.guardrails]).decode()
+        if admitted.guardrails else None,
     )
 
 

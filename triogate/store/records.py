@@ -266,6 +266,8 @@ class SpendLogRow:
             ``msg_…``, ``resp_…``), when there was one.
         client_request_id: the client's own ``x-request-id``, when it sent one (the
             response then carries it; ``request_id`` stays the gateway's, unique).
+        guardrails: the guardrails that ran, as a JSON list of ``{guardrail_name, mode,
+            status, message}`` (None: none ran).
     """
 
     request_id: str
@@ -290,6 +292,7 @@ class SpendLogRow:
     end_time_ms: int = 0
     response_id: str | None = None
     client_request_id: str | None = None
+    guardrails: str | None = None
 
 
 @final

@@ -182,6 +182,8 @@ spend_logs = sa.Table(
     # Added after the first release: nullable, so ``migrate.upgrade`` can add them.
     sa.Column("response_id", sa.Text, nullable=True),
     sa.Column("client_request_id", sa.Text, nullable=True),
+    # The guardrails that ran and their verdicts: a JSON list as text (nullable: added).
+    sa.Column("guardrails", sa.Text, nullable=True),
     sa.Index("ix_spend_logs_client_request_id", "client_request_id"),
     # One index per report filter; each ends with the time so ranges stay indexed.
     sa.Index("ix_spend_logs_key_time", "key_hash", "start_time_ms"),
