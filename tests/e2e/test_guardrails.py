@@ -15,6 +15,7 @@ import trio
 
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway, spend_rows
 from tests.e2e.json_receiver import JsonService, open_json_service
+from tests.e2e.test_dashboard_http import sign_in
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -166,6 +167,12 @@ async def test_the_generic_guardrail_api_blocks_rewrites_and_passes(
         assert (await ask(gateway, "fine", **named)).choices
         error = await refused(gateway, "x", extra_body={"guardrails": ["nosuch"]})
         assert error["param"] == "guardrails" and "nosuch" in error["message"]
+        # The dashboard's configuration page shows the guardrail, not its key.
+        async with httpx.AsyncClient(base_url=gateway.url) as http:
+            await sign_in(http, MASTER_KEY)
+            page = await http.get("/ui/config")
+        assert page.status_code == 200
+        assert "generic_guardrail_api" in page.text and "guard-key" not in page.text
 
 
 async def test_an_unreachable_guardrail_service_blocks(
