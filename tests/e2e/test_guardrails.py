@@ -100,7 +100,8 @@ async def refused(gateway: Gateway, content: str, **extra: Any) -> dict[str, Any
 
 async def test_a_deny_list_blocks_before_the_model_is_called(
         tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream) -> None:
-    async with make_gateway(tmp_path, redis_url, upstream, [deny_filter()]) as gateway:
+    async with make_gateway(tmp_path, redis_url, upstream,
+                            [pii_filter(), deny_filter()]) as gateway:
         error = await refused(gateway, "tell me the Forbidden word")
         assert error["message"] == ("Violated guardrail policy 'deny': content matched "
                                     "'forbidden'")
@@ -113,8 +114,10 @@ async def test_a_deny_list_blocks_before_the_model_is_called(
         by_status = sorted((r.status, r.http_status) for r in rows)
         assert by_status == [("rejected", 400), ("rejected", 400), ("success", 200)]
         ok = next(r for r in rows if r.status == "success")
-        assert ok.guardrails == ('[{"guardrail_name":"deny","mode":"pre_call",'
-                                 '"status":"passed"}]')
+        # Each guardrail ran (as its own participant of the admission scope), in order.
+        assert ok.guardrails == ('[{"guardrail_name":"pii","mode":"pre_call",'
+                                 '"status":"passed"},{"guardrail_name":"deny",'
+                                 '"mode":"pre_call","status":"passed"}]')
 
 
 async def test_pii_is_masked_before_the_upstream_sees_it(

@@ -203,10 +203,12 @@ async def admit(services: Services, call: Call) -> Admission:
         # The pre-call guardrails: participants like the others, after the round (they
         # declare no Redis command, so the request still waits once), and only for a
         # caller the key store knows.
-        if resolved is not None and not isinstance(resolved, Rejected) and guarding.wanted(
-                services, call, "pre_call"):
-            guard_p = await scope.run_inline(guarding.pre_call, services, call, verdicts,
-                                             name="guardrails")
+        if resolved is not None and not isinstance(resolved, Rejected):
+            for spec in guarding.active(services, call, "pre_call"):
+                guard_p = await scope.run_inline(guarding.pre_call, services, call, spec,
+                                                 verdicts, name=f"guardrail {spec.name}")
+                if not _passed(guard_p):
+                    break  # blocked (or failed: raised below): the next ones need not run
     waits = scope.rounds  # the alias lookup's rounds included
     services.metrics.redis_waits_child("before").observe(waits)
     try:
@@ -261,6 +263,14 @@ async def admit(services: Services, call: Call) -> Admission:
         if isinstance(decision, Allowed):
             admission.extra_headers.update(decision.headers)
     return admission
+
+
+def _passed(participant: Participant[Rejected | None]) -> bool:
+    """Whether a guardrail participant let the request through."""
+    try:
+        return participant.result() is None
+    except Exception:
+        return False
 
 
 def _done(participant: Participant[T]) -> T | None:

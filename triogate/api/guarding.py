@@ -1,8 +1,9 @@
 """Guardrails on the request path: which texts of a body they read, and when they run.
 
-* ``pre_call``: :func:`pre_call`, a participant of the admission scope (run inline by
-  the request's task after the round's checks: it declares no Redis command, so the
-  request still waits once before the call). It may mask the body sent upstream.
+* ``pre_call``: :func:`pre_call`, each guardrail a participant of the admission scope
+  (run inline by the request's task after the round's checks, one after another: it
+  declares no Redis command, so the request still waits once before the call). It may
+  mask the body sent upstream.
 * ``during_call``: :func:`during_call` runs the guardrails in a task next to the model
   call (and a stream's first event); the answer leaves only once they passed.
 * ``post_call``: :func:`post_call` reads a non-streamed answer before it is sent; it may
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
     from triogate.api.records import Admission, Call
     from triogate.api.services import Services
+    from triogate.config_governance import GuardrailSpec
     from triogate.governance.guardrails import Verdict
 
 #: A place a text lives in a body: (container, key or index).
@@ -92,41 +94,51 @@ def _blocked(verdict: Verdict) -> Rejected:
                     status=400, error_type="invalid_request_error")
 
 
-async def _run(services: Services, call: Call, admitted_verdicts: list[Verdict], mode: str,
-               slots: list[Slot], input_type: str) -> Rejected | None:
-    """Run the guardrails of ``mode`` one after another over the texts in ``slots``
-    (each sees the previous one's masking); write masked texts back. The first block
-    stops the run and is returned."""
+async def _one(services: Services, call: Call, spec: GuardrailSpec, verdicts: list[Verdict],
+               mode: str, slots: list[Slot], input_type: str) -> Rejected | None:
+    """Run ``spec`` over the texts in ``slots``; write masked texts back; its block."""
     guards = services.guardrails
-    if guards is None:
-        await trio.lowlevel.checkpoint()
-        return None
-    specs = guards.active(mode, _requested(call))
-    for spec in specs:
-        texts = [container[key] for container, key in slots]
-        verdict = await guards.check(spec, mode, texts, input_type=input_type,
-                                     call_id=call.trace_id, model=call.group)
-        admitted_verdicts.append(verdict)
-        if verdict.status == BLOCKED:
-            return _blocked(verdict)
-        if verdict.status == MASKED and verdict.texts is not None:
-            for (container, key), text in zip(slots, verdict.texts, strict=True):
-                container[key] = text
-    if not specs:
-        await trio.lowlevel.checkpoint()
+    assert guards is not None
+    texts = [container[key] for container, key in slots]
+    verdict = await guards.check(spec, mode, texts, input_type=input_type,
+                                 call_id=call.trace_id, model=call.group)
+    verdicts.append(verdict)
+    if verdict.status == BLOCKED:
+        return _blocked(verdict)
+    if verdict.status == MASKED and verdict.texts is not None:
+        for (container, key), text in zip(slots, verdict.texts, strict=True):
+            container[key] = text
     return None
+
+
+async def _run(services: Services, call: Call, verdicts: list[Verdict], mode: str,
+               slots: list[Slot], input_type: str) -> Rejected | None:
+    """Run the guardrails of ``mode`` one after another (each sees the previous one's
+    masking); the first block stops the run and is returned. A checkpoint."""
+    for spec in active(services, call, mode):
+        rejected = await _one(services, call, spec, verdicts, mode, slots, input_type)
+        if rejected is not None:
+            return rejected
+    await trio.lowlevel.checkpoint()
+    return None
+
+
+def active(services: Services, call: Call, mode: str) -> list[GuardrailSpec]:
+    """The guardrails that run in ``mode`` for ``call`` (sync, cheap)."""
+    guards = services.guardrails
+    return guards.active(mode, _requested(call)) if guards is not None else []
 
 
 def wanted(services: Services, call: Call, mode: str) -> bool:
     """Whether any guardrail runs in ``mode`` for ``call`` (sync, cheap)."""
-    guards = services.guardrails
-    return guards is not None and bool(guards.active(mode, _requested(call)))
+    return bool(active(services, call, mode))
 
 
-async def pre_call(services: Services, call: Call, verdicts: list[Verdict]
-                   ) -> Rejected | None:
-    """The ``pre_call`` guardrails over the request's texts (masking the body in place)."""
-    return await _run(services, call, verdicts, "pre_call",
+async def pre_call(services: Services, call: Call, spec: GuardrailSpec,
+                   verdicts: list[Verdict]) -> Rejected | None:
+    """One ``pre_call`` guardrail over the request's texts (masking the body in place):
+    a participant of the admission scope (it declares no Redis command)."""
+    return await _one(services, call, spec, verdicts, "pre_call",
                       request_slots(call.api, call.body), "request")
 
 
