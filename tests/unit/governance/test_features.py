@@ -156,3 +156,16 @@ def test_budget_only_principals() -> None:
     # budget; its model budget is for another group).
     assert got == [("key", "h"), ("key_model", "h:gpt-4o"), ("proxy", "global")]
     assert budgeted(Identity(key=key, master=True), request, settings) == []
+
+
+def test_model_and_soft_budgets_survive_the_identity_cache() -> None:
+    from triogate.governance.identity import KeyBundle, decode_row, encode_row
+
+    key = Principal(kind="key", id="h", soft_budget_nanousd=5, model_budgets={
+        "gpt-4o": Limits(max_budget_nanousd=10, budget_duration_s=86_400)})
+    bundle = KeyBundle(key=key)
+    assert decode_row("key", encode_row(bundle)) == bundle
+    # A row cached by a gateway without these fields reads as none set.
+    old = decode_row("key", b'{"key": {"kind": "key", "id": "h"}}')
+    assert isinstance(old, KeyBundle)
+    assert old.key.model_budgets == {} and old.key.soft_budget_nanousd is None

@@ -8,8 +8,8 @@ asks for behaviour triogate does not have, so a script never believes it set som
 that is silently ignored.
 
 Fields that name whole features triogate leaves out (organizations, SSO and UI login,
-guardrails) say so in their refusal. The implemented fields live in ``fields.py``; the
-README's migration table is rendered from both (:func:`field_table`).
+guardrails per key or team) say so in their refusal. The implemented fields live in
+``fields.py``; the README's migration table is rendered from both (:func:`field_table`).
 """
 
 from __future__ import annotations
