@@ -108,11 +108,22 @@ async def test_a_deny_list_blocks_before_the_model_is_called(
         assert error["type"] == "invalid_request_error"
         assert error["code"] == "guardrail_violation"
         assert "ticket" in (await refused(gateway, "see TICKET-1234"))["message"]
+        # The Anthropic API's own error shape.
+        client = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=MASTER_KEY,
+                                          max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            with trio.fail_after(20):
+                await client.messages.create(
+                    model="claude-test", max_tokens=20,
+                    messages=[{"role": "user", "content": "forbidden fruit"}])
+        body = caught.value.body
+        assert isinstance(body, dict) and body["type"] == "error"
+        assert body["error"]["message"].startswith("Violated guardrail policy 'deny'")
         assert not upstream.requests  # never called
         assert (await ask(gateway, "a harmless question")).choices
-        rows = await spend_rows(gateway, 3)
+        rows = await spend_rows(gateway, 4)
         by_status = sorted((r.status, r.http_status) for r in rows)
-        assert by_status == [("rejected", 400), ("rejected", 400), ("success", 200)]
+        assert by_status == [("rejected", 400)] * 3 + [("success", 200)]
         ok = next(r for r in rows if r.status == "success")
         # Each guardrail ran (as its own participant of the admission scope), in order.
         assert ok.guardrails == ('[{"guardrail_name":"pii","mode":"pre_call",'
