@@ -150,3 +150,48 @@ async def test_alert_settings_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"alerting\[0\]: 'email' is not supported"):
         gateway_config(tmp_path, "redis://x", "http://x",
                        general_settings={"alerting": ["email"], "alerting_webhook_url": "x"})
+
+
+async def soft_budget_spend(gateway: Gateway) -> None:
+    """One request of a key over its soft budget, settled."""
+    async with admin_client(gateway) as api:
+        key = (await api.post("/key/generate", {"soft_budget": TINY_USD}))["key"]
+    assert (await chat(gateway, key)).choices
+    with trio.fail_after(10):
+        await gateway.services.settler.wait_drained()
+
+
+async def test_shutdown_drains_queued_alerts(
+        tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream) -> None:
+    async with open_json_service() as hook:
+        config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                                general_settings={"alerting": ["webhook"],
+                                                  "alerting_webhook_url": hook.url})
+        with trio.fail_after(60):
+            async with running_gateway(config) as gateway:
+                await soft_budget_spend(gateway)
+        # The gateway has stopped: what was queued was posted first.
+        assert [b["event"] for b in hook.bodies()] == ["soft_budget_crossed"]
+        alerts = gateway.services.alerts
+        assert alerts is not None and (alerts.delivered, alerts.dropped) == (1, 0)
+
+
+async def test_alerts_stuck_on_a_webhook_are_dropped_and_counted_at_shutdown(
+        tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream) -> None:
+    async def never_answer(stream: trio.SocketStream) -> None:
+        async with stream:
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, never_answer, 0)
+        url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                                general_settings={"alerting": ["webhook"],
+                                                  "alerting_webhook_url": url},
+                                triogate={"shutdown_grace_s": 0.5})
+        with trio.fail_after(60):
+            async with running_gateway(config) as gateway:
+                await soft_budget_spend(gateway)
+        alerts = gateway.services.alerts
+        assert alerts is not None and (alerts.delivered, alerts.dropped) == (0, 1)
+        nursery.cancel_scope.cancel()

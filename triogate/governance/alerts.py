@@ -190,15 +190,18 @@ class Alerts:
         """Post queued alerts until :meth:`close`; what is left when cancelled is dropped
         and counted."""
         task_status.started()
+        in_flight = 0
         try:
-            async with self._receive:
-                async for alert in self._receive:
-                    if await self._claim(alert):
-                        await self._post(alert)
-                    if not self.queued:
-                        self._idle.set()
+            async for alert in self._receive:
+                in_flight = 1
+                if await self._claim(alert):
+                    await self._post(alert)
+                in_flight = 0
+                if not self.queued:
+                    self._idle.set()
         finally:
-            left = self.queued
+            left = self.queued + in_flight  # counted before closing drops the buffer
+            self._receive.close()
             if left:
                 self.dropped += left
                 logger.error("%d budget alert(s) not sent before shutdown", left)
