@@ -5,6 +5,7 @@ on the spend row; errors in the API's own shape."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anthropic
@@ -73,11 +74,14 @@ async def service() -> AsyncIterator[JsonService]:
         yield svc
 
 
-def make_gateway(tmp_path: Path, redis_url: str, upstream: FakeUpstream,
-                 guardrails: list[dict[str, Any]]) -> Any:
+@asynccontextmanager
+async def make_gateway(tmp_path: Path, redis_url: str, upstream: FakeUpstream,
+                       guardrails: list[dict[str, Any]]) -> AsyncIterator[Gateway]:
     config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
                             guardrails=guardrails)
-    return running_gateway(config)
+    with trio.fail_after(60):
+        async with running_gateway(config) as gateway:
+            yield gateway
 
 
 def oai(gateway: Gateway) -> openai.AsyncOpenAI:
