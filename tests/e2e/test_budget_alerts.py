@@ -139,6 +139,8 @@ async def test_hard_budget_thresholds_and_the_proxy_budget_alert(
     proxy = next(b for b in webhook.bodies() if b["event_group"] == "proxy")
     assert proxy["event_message"] == "Proxy Budget: Budget Crossed"
     assert proxy["token"] is None and proxy["max_budget"] == 1e-7
+    key_alert = next(b for b in webhook.bodies() if b["event_group"] == "key")
+    assert key_alert["key_alias"] is None and len(key_alert["token"]) == 64  # no alias
 
 
 async def test_alert_settings_are_checked(tmp_path: Path) -> None:

@@ -88,7 +88,9 @@ class Alert:
             "max_budget": _float(self.max_budget_nanousd),
             "soft_budget": _float(self.soft_budget_nanousd),
             "token": owner if group == "key" else None,
-            "key_alias": self.label if self.kind == "key" else None,
+            # A key without an alias is labelled by its hash's start: no alias then.
+            "key_alias": self.label if self.kind == "key" and not self.id.startswith(
+                self.label) else None,
             "team_id": owner if group == "team" else None,
             "user_id": owner if group == "user" else None,
             "customer_id": owner if group == "customer" else None,
