@@ -116,6 +116,8 @@ async def test_soft_budgets_of_every_principal_alert_once_per_period(
         await sign_in(http, MASTER_KEY)
         page = await http.get("/ui")
         config_page = await http.get("/ui/config")
+        keys_page = await http.get("/ui/keys")
+    assert "(soft $0.0000001)" in keys_page.text  # the keys list shows the soft budget
     assert config_page.status_code == 200 and webhook.url not in config_page.text
     assert page.status_code == 200
     assert "Budget alerts" in page.text and "Key Budget: Soft Budget Crossed" in page.text
