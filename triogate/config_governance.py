@@ -114,6 +114,8 @@ def governance_features(
     """
     budget = None if max_budget is None else nanousd("$.litellm_settings.max_budget",
                                                      max_budget)
+    if budget == 0:  # LiteLLM's default, meaning no proxy budget
+        budget = None
     period = None if budget_duration is None else duration_s(
         "$.litellm_settings.budget_duration", budget_duration)
     for i, name in enumerate(alerting):

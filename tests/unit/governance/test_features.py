@@ -33,6 +33,7 @@ def test_proxy_budget_settings() -> None:
     made = features(max_budget="2.5", budget_duration="1mo")
     assert (made.proxy_max_budget_nanousd, made.proxy_budget_duration_s) == (
         2_500_000_000, 30 * 86_400)
+    assert features(max_budget=0).proxy_max_budget_nanousd is None  # LiteLLM's "none"
     with pytest.raises(ConfigError, match=r"max_budget: must be a non-negative"):
         features(max_budget=-1)
     with pytest.raises(ConfigError, match=r"max_budget: not a number"):
