@@ -43,10 +43,13 @@ from triogate.batch import (
 )
 from triogate.cache.response import ResponseCache
 from triogate.governance import budgets
+from triogate.governance.alerts import Alerts
 from triogate.governance.facts import CheckSettings
+from triogate.governance.guardrails import Guardrails
 from triogate.governance.identity import IdentityResolver
 from triogate.governance.leases import LeaseKeeper
 from triogate.governance.local import LocalGovernance
+from triogate.governance.principals import Limits
 from triogate.metrics import Metrics
 from triogate.otel import SpanExporter
 from triogate.providers import build_providers
@@ -251,7 +254,22 @@ async def open_gateway(
 
         metrics = Metrics(gauges)
         metrics_box.append(metrics)
-        checks = CheckSettings.from_config(settings.policies, settings.governance)
+        features = config.governance
+        checks = CheckSettings.from_config(
+            settings.policies, settings.governance,
+            proxy_limits=None if features.proxy_max_budget_nanousd is None else Limits(
+                max_budget_nanousd=features.proxy_max_budget_nanousd,
+                budget_duration_s=features.proxy_budget_duration_s))
+        guardrails = alerts = None
+        if features.guardrails or features.alert_webhook_url:
+            side_client = httpx.AsyncClient()  # guardrail services and the alert webhook
+            stack.push_async_callback(side_client.aclose)
+            if features.guardrails:
+                guardrails = Guardrails(features.guardrails, side_client)
+            if features.alert_webhook_url:
+                alerts = Alerts(features.alert_webhook_url, side_client, clock_ms,
+                                backends=backends)
+                await nursery.start(alerts.run)
         lease_keeper = LeaseKeeper(backends, checks, clock_ms)
         await nursery.start(lease_keeper.run)
         nursery.start_soon(pacer.run)
@@ -274,6 +292,8 @@ async def open_gateway(
             store=store,
             spend_logs=spend_logs,
             spans=spans,
+            guardrails=guardrails,
+            alerts=alerts,
             cache=ResponseCache.from_settings(
                 config.cache, scope=settings.cache.scope,
                 max_entry_bytes=settings.cache.max_entry_bytes,
@@ -292,6 +312,9 @@ async def open_gateway(
                 await settler.wait_drained()
                 await spend_logs.wait_drained()
                 await identities.wait_announced()
+                if alerts is not None:
+                    alerts.close()
+                    await alerts.wait_drained()
                 if spans is not None:
                     await spans.aclose()
             if drain.cancelled_caught:

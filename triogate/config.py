@@ -30,6 +30,7 @@ from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
 from triogate import config_litellm
+from triogate.config_governance import GovernanceFeatures, governance_features
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -167,6 +168,10 @@ class GeneralSettingsFile:
         default=None, validator=_optional(_positive))
     proxy_budget_rescheduler_max_time: float | None = attrs.field(
         default=None, validator=_optional(_positive))
+    #: Where budget alerts go: ``["webhook"]`` posts them to ``alerting_webhook_url``.
+    alerting: list[str] = attrs.Factory(list)
+    #: The webhook budget alerts are POSTed to (Slack-compatible JSON), with ``alerting``.
+    alerting_webhook_url: str | None = attrs.field(default=None, repr=False)
     store_model_in_db: bool = attrs.field(
         default=False, validator=_only_false("models stored in the database (the config "
                                              "file's model_list is the only source)"))
@@ -212,6 +217,11 @@ class LitellmSettingsFile:
     success_callback: list[str] = attrs.Factory(list)
     failure_callback: list[str] = attrs.Factory(list)
     context_window_fallbacks: list[dict[str, list[str]]] = attrs.Factory(list)
+    #: The proxy-wide budget (USD) every governed request reserves against, per
+    #: ``budget_duration`` (``30s``, ``1h``, ``1d``, ``30d``; unset: for ever).
+    max_budget: float | str | None = None
+    #: How often the proxy-wide budget's spend starts again (``30s``, ``1h``, ``1d``, ...).
+    budget_duration: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -350,6 +360,8 @@ class ConfigFile:
     router_settings: RouterSettingsFile = attrs.Factory(RouterSettingsFile)
     general_settings: GeneralSettingsFile = attrs.Factory(GeneralSettingsFile)
     litellm_settings: LitellmSettingsFile = attrs.Factory(LitellmSettingsFile)
+    #: LiteLLM's ``guardrails:`` list, checked by ``config_guardrails``.
+    guardrails: list[dict[str, Any]] = attrs.Factory(list)
     triogate: TriogateSettings = attrs.Factory(TriogateSettings)
 
 
@@ -514,6 +526,8 @@ class GatewayConfig:
     #: Built-in callbacks switched on (``prometheus``, ``otel``).
     callbacks: frozenset[str] = frozenset()
     otel: OtelSettings | None = None
+    #: Proxy-wide budget, alerting and guardrails (``config_governance``).
+    governance: GovernanceFeatures = attrs.Factory(GovernanceFeatures)
 
     @property
     def groups(self) -> dict[str, tuple[Deployment, ...]]:
@@ -823,6 +837,11 @@ def normalise(file: ConfigFile, *, source: str,
         drop_params=ls.drop_params,
         verbose=ls.set_verbose,
         callbacks=callbacks,
+        governance=governance_features(
+            max_budget=ls.max_budget, budget_duration=ls.budget_duration,
+            alerting=file.general_settings.alerting,
+            webhook_url=file.general_settings.alerting_webhook_url,
+            guardrails=file.guardrails),
     )
 
 

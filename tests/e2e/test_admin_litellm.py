@@ -66,8 +66,6 @@ async def test_a_litellm_key_body_is_accepted_and_answered_in_its_shape(
     ("organization_id", "org-1", "organizations"),
     ("guardrails", ["pii"], "guardrails"),
     ("spend", 5, "spend"),
-    ("soft_budget", 1, "soft budgets"),
-    ("model_max_budget", {"gpt-test": {"budget_limit": 1}}, "per-model budgets"),
     ("key_type", "read_only", "key types"),
     ("send_invite_email", True, "invitation"),
 ])

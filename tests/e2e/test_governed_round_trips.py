@@ -207,3 +207,39 @@ async def test_a_failing_budget_check_leaves_no_count_of_the_rate_limits(
 
     await _fail_in_admission(gateway, key, monkeypatch, "budgets")
     assert await rate_counts(redis) == before
+
+
+async def test_proxy_budget_model_budget_and_pre_call_guardrail_still_wait_once_each(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+) -> None:
+    guardrail = {"guardrail_name": "pii", "litellm_params": {
+        "guardrail": "litellm_content_filter", "mode": "pre_call", "default_on": True,
+        "patterns": [{"pattern_type": "prebuilt", "pattern_name": "email", "action": "MASK"}],
+        "blocked_words": [{"keyword": "forbidden", "action": "BLOCK"}]}}
+    config = gateway_config(
+        tmp_path / "state", redis_url, upstream.base_url,
+        router_settings={"routing_strategy": "usage-based-routing"},
+        litellm_settings={"max_budget": 1000, "budget_duration": "30d"},
+        guardrails=[guardrail])
+    with trio.fail_after(60):
+        async with running_gateway(config) as gateway:
+            store = gateway.services.store
+            assert store is not None
+            team = await store.create_team(team_alias="ml", max_budget_nanousd=100 * USD,
+                                           rpm_limit=1000)
+            key, _ = await store.create_key(
+                team_id=team.team_id, max_budget_nanousd=10 * USD, rpm_limit=100,
+                model_max_budget={"gpt-test": {"budget_limit_nanousd": 5 * USD,
+                                               "time_period": "1d"}})
+            await store.create_end_user(user_id="customer-1", max_budget_nanousd=1 * USD)
+            await traced(gateway, key)  # warms the identity
+            summary = await traced(gateway, key, messages=[
+                {"role": "user", "content": "mail ada@example.com"}])
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+    (before,) = [r for r in summary.records if r.phase == "before"]
+    # Key, team, end user, the key's budget for gpt-test and the proxy's: five scripts
+    # of one round; the guardrail declares nothing.
+    assert sorted(before.owners) == sorted(["budgets"] * 5 + ["routing"])
+    assert upstream.requests[-1].json["messages"][0]["content"] == "mail [EMAIL_REDACTED]"
+    (after,) = [r for r in summary.records if r.phase == "after"]
+    assert sorted(after.owners) == sorted(["budgets"] * 5 + ["routing"])

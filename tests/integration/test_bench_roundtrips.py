@@ -43,7 +43,7 @@ async def test_every_cached_identity_shape_waits_once_before_and_once_after(
     report: RoundTripReport,
 ) -> None:
     cached = [r for r in report.results if not r.refresh]
-    assert len(cached) == 6
+    assert len(cached) == 7
     for result in cached:
         assert [(t.waits_before, t.waits_after) for t in result.requests] == [(1, 1)], result.name
         owners = before_owners(report, result.name)
@@ -98,3 +98,13 @@ def test_the_command_writes_the_table_and_the_json(
     assert [s["name"] for s in data["shapes"]] == [s.name for s in SHAPES]
     assert all(len(s["requests"]) == 1 for s in data["shapes"])
     assert data["budget_violations"] == []
+
+
+async def test_proxy_and_model_budgets_are_two_more_scripts_of_the_same_round(
+    report: RoundTripReport,
+) -> None:
+    owners = before_owners(report, "chat completion, proxy budget + model budget + "
+                                   "pre-call guardrail")
+    # The key's budget for the group and the proxy's: two more scripts, no more waits
+    # (the first test); the guardrail declares nothing.
+    assert owners == GOVERNED + Counter({"budgets": 2}) + Counter({"cache": 1})

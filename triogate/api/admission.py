@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import trio
 
-from triogate.api import auth, controls, settlement
+from triogate.api import auth, controls, guarding, settlement
 from triogate.api.errors import ApiError
 from triogate.api.records import Admission
 from triogate.batch import open_batch_scope
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from triogate.batch import Batch, Participant
     from triogate.cache.response import CachedResponse, PendingLookup
     from triogate.governance.budgets import BudgetOutcome
+    from triogate.governance.guardrails import Verdict
     from triogate.governance.principals import Identity
     from triogate.governance.rate_limits import RateOutcome
     from triogate.routing.router import PendingRead, RoutingState
@@ -154,6 +155,8 @@ async def admit(services: Services, call: Call) -> Admission:
     budget_p: Participant[BudgetOutcome] | None = None
     rates_p: Participant[RateOutcome] | None = None
     cached: Participant[tuple[str, CachedResponse | None, str | None] | None] | None = None
+    guard_p: Participant[Rejected | None] | None = None
+    verdicts: list[Verdict] = []
     async with open_batch_scope(
         services.backends, tracer=services.flush_tracer, trace_id=call.trace_id,
         rounds_before=call.request.waits_before_admission, host=True, tasks=False,
@@ -197,6 +200,15 @@ async def admit(services: Services, call: Call) -> Admission:
         if use_cache:
             cached = await scope.run_inline(_finish_cache, services, declared_cache,
                                             name="cache")
+        # The pre-call guardrails: participants like the others, after the round (they
+        # declare no Redis command, so the request still waits once), and only for a
+        # caller the key store knows.
+        if resolved is not None and not isinstance(resolved, Rejected):
+            for spec in guarding.active(services, call, "pre_call"):
+                guard_p = await scope.run_inline(guarding.pre_call, services, call, spec,
+                                                 verdicts, name=f"guardrail {spec.name}")
+                if not _passed(guard_p):
+                    break  # blocked (or failed: raised below): the next ones need not run
     waits = scope.rounds  # the alias lookup's rounds included
     services.metrics.redis_waits_child("before").observe(waits)
     try:
@@ -215,6 +227,7 @@ async def admit(services: Services, call: Call) -> Admission:
         lookup = cached.result() if cached is not None else None
         budget = budget_p.result() if budget_p is not None else None
         rates = rates_p.result() if rates_p is not None else None
+        guarded = guard_p.result() if guard_p is not None else None
     except Exception:
         # One participant failed unexpectedly (a bug): the others may hold reservations.
         _undo(services, call, facts, request, now_ms, route, budget_p, rates_p, cached,
@@ -224,6 +237,7 @@ async def admit(services: Services, call: Call) -> Admission:
         identity_or_rejection if isinstance(identity_or_rejection, Rejected) else None,
         budget.decision if budget else None,
         rates.decision if rates else None,
+        guarded,
         services.router.decide(state),
     ]
     admission = Admission(
@@ -239,15 +253,24 @@ async def admit(services: Services, call: Call) -> Admission:
         cache_namespace=lookup[0] if lookup else None,
         cache_key=lookup[2] if lookup else None,
         waits_before=waits,
+        guardrails=verdicts,
     )
-    for check, decision in zip(("auth", "budgets", "rate_limits", "routing"), decisions,
-                               strict=True):
+    for check, decision in zip(("auth", "budgets", "rate_limits", "guardrails", "routing"),
+                               decisions, strict=True):
         if decision is not None and decision.degraded:
             admission.degraded = True
             services.metrics.degraded_child(check).inc()
         if isinstance(decision, Allowed):
             admission.extra_headers.update(decision.headers)
     return admission
+
+
+def _passed(participant: Participant[Rejected | None]) -> bool:
+    """Whether a guardrail participant let the request through."""
+    try:
+        return participant.result() is None
+    except Exception:
+        return False
 
 
 def _done(participant: Participant[T]) -> T | None:

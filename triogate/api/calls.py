@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 #: Fields the gateway reads and does not pass upstream (``mock_response`` stays for mock
 #: deployments, whose provider honours it).
-GATEWAY_FIELDS = ("cache", "metadata", "mock_response", *controls.CONTROL_FIELDS)
+GATEWAY_FIELDS = ("cache", "metadata", "mock_response", "guardrails",
+                  *controls.CONTROL_FIELDS)
 #: Most choices one request may ask for (OpenAI's own limit).
 MAX_CHOICES = 128
 
@@ -178,4 +179,31 @@ def make_call(
         output_tokens=output_tokens,
         routing=controls.routing(services, body, request, ref),
         drop_params=controls.drop_params(body),
+        guardrails=requested_guardrails(services, body),
     )
+
+
+def requested_guardrails(services: Services, body: dict[str, Any]) -> tuple[str, ...]:
+    """The guardrails a request names (``guardrails``, or ``metadata.guardrails``, as
+    LiteLLM reads them).
+
+    Raises:
+        ApiError: 400 for a value that is not a list of names, or a name no configured
+            guardrail has.
+    """
+    metadata = body.get("metadata")
+    names = body.get("guardrails")
+    if names is None and isinstance(metadata, dict):
+        names = metadata.get("guardrails")
+    if names is None:
+        return ()
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ApiError(400, "'guardrails' must be a list of guardrail names",
+                       param="guardrails")
+    guards = services.guardrails
+    unknown = guards.unknown(names) if guards is not None else names
+    if unknown:
+        raise ApiError(400, f"unknown guardrail '{unknown[0]}' (configured: "
+                       f"{', '.join(g.name for g in guards.specs) if guards else 'none'})",
+                       param="guardrails")
+    return tuple(dict.fromkeys(names))

@@ -28,13 +28,13 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import attrs
 import orjson
 import trio
 
-from triogate.api import admission, controls, settlement, sse
+from triogate.api import admission, controls, guarding, settlement, sse
 from triogate.api.auth import group_providers
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.gate import overloaded
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
     from triogate.cache.assembly import Assembler
     from triogate.config import Deployment
+    from triogate.governance.decisions import Rejected
     from triogate.providers.records import Completion, ProviderStream
     from triogate.routing.router import RouteResult
 
@@ -169,13 +170,48 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
                                        deployment)
 
     with admission.keep_leases(services, admitted):
-        result = await _route(services, call, admitted, attempt)
+        result = await _guarded_route(services, call, admitted, attempt)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
+    if guarding.wanted(services, call, "post_call"):
+        rejected = await guarding.post_call(services, call, admitted, completion.body)
+        if rejected is not None:
+            _refuse_answered(services, call, admitted, outcome, rejected)
     headers = response_headers(services, call, admitted, deployment=result.deployment,
                                cost_nanousd=settlement.cost_nanousd(outcome))
     return SettledAfter(orjson.dumps(completion.body), headers, services, call, admitted,
                         outcome)
+
+
+async def _guarded_route(
+    services: Services, call: Call, admitted: Admission,
+    attempt: Callable[[Deployment], Awaitable[T]],
+) -> RouteResult[T]:
+    """:func:`_route`, with the ``during_call`` guardrails running next to it (a complete
+    answer they block is settled as paid and refused here; a stream's is the caller's)."""
+    if not guarding.wanted(services, call, "during_call"):
+        return await _route(services, call, admitted, attempt)
+    run: Callable[[], Awaitable[RouteResult[T]]] = lambda: _route(  # noqa: E731
+        services, call, admitted, attempt)
+    if call.stream:
+        return await guarding.during_call(services, call, admitted, run)  # type: ignore[no-any-return]
+    try:
+        return await guarding.during_call(services, call, admitted, run)  # type: ignore[no-any-return]
+    except guarding.GuardrailBlocked as blocked:
+        completion = blocked.result.value
+        _refuse_answered(services, call, admitted, settlement.succeeded(
+            blocked.result, completion.usage), blocked.rejected)
+
+
+def _refuse_answered(services: Services, call: Call, admitted: Admission,
+                     outcome: settlement.Outcome, rejected: Rejected) -> NoReturn:
+    """A guardrail refused an answer the model already gave: charged, never cached,
+    answered 400 with the guardrail's message."""
+    error = from_rejection(rejected)
+    settlement.settle(services, call, admitted, outcome=attrs.evolve(
+        outcome, status="error", http_status=error.status, body=None))
+    error.headers = {**response_headers(services, call, admitted), **error.headers}
+    raise error
 
 
 class SettledAfter(Response):
@@ -246,7 +282,13 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         return _Open(stack, stream, events, first, stream.wire)
 
     with admission.keep_leases(services, admitted):
-        result = await _route(services, call, admitted, attempt)
+        try:
+            result = await _guarded_route(services, call, admitted, attempt)
+        except guarding.GuardrailBlocked as blocked:
+            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                await blocked.result.value.stack.aclose()
+            _refuse_answered(services, call, admitted, settlement.succeeded(
+                blocked.result, blocked.result.value.stream.usage), blocked.rejected)
     opened = result.value
     first_token_s = trio.current_time() - call.request.started_at
     services.metrics.ttft_child(call.route, call.group).observe(first_token_s)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from triogate.governance.budgets import BudgetOutcome
     from triogate.governance.decisions import Rejected
     from triogate.governance.facts import RequestFacts
+    from triogate.governance.guardrails import Verdict
     from triogate.governance.principals import Identity
     from triogate.governance.rate_limits import RateOutcome
     from triogate.providers.records import Api
@@ -49,6 +50,8 @@ class Call:
         routing: LiteLLM's request controls for routing (wildcard model, fallbacks,
             retries, timeout; see ``controls.py``).
         drop_params: the request's own ``drop_params``, if it sent one.
+        guardrails: guardrails the request asked for by name (``guardrails``), beyond
+            those on by default.
     """
 
     api: Api
@@ -67,6 +70,7 @@ class Call:
     cache: CacheControl = attrs.field(factory=CacheControl)
     routing: RequestRouting = attrs.Factory(RequestRouting)
     drop_params: bool | None = None
+    guardrails: tuple[str, ...] = ()
 
 
 @attrs.define(kw_only=True)
@@ -90,6 +94,8 @@ class Admission:
     extra_headers: dict[str, str] = attrs.Factory(dict)
     #: Set by ``settlement.settle`` (which runs at most once per request).
     settled: bool = False
+    #: The guardrails' verdicts so far (pre-, during and post-call), for the spend row.
+    guardrails: list[Verdict] = attrs.Factory(list)
     #: Set when a stream's producer took over settlement.
     handed_off: bool = False
     #: When admission ended (Trio's clock): the model call starts here (traces).

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from triogate.batch import Backend, MemoryTracer, Settler, Tracer
     from triogate.cache.response import ResponseCache
     from triogate.config import Deployment, GatewayConfig
+    from triogate.governance.alerts import Alerts
     from triogate.governance.facts import CheckSettings
+    from triogate.governance.guardrails import Guardrails
     from triogate.governance.identity import IdentityResolver
     from triogate.governance.leases import LeaseKeeper
     from triogate.governance.local import LocalGovernance
@@ -65,6 +67,10 @@ class Services:
     store: Store | None = None
     spend_logs: SpendLogWriter | None = None
     cache: ResponseCache | None = None
+    #: The configured guardrails (``guardrails:``); None without any.
+    guardrails: Guardrails | None = None
+    #: Budget alerts (``general_settings.alerting``); None when off.
+    alerts: Alerts | None = None
     #: OpenTelemetry (``callbacks: [otel]``): request spans go here.
     spans: SpanExporter | None = None
     #: What the batch scopes report flushes to: the in-memory tracer, or the span

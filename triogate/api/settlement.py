@@ -15,6 +15,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
+import orjson
 import trio
 
 from triogate.batch import post_call_batch
@@ -151,6 +152,10 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
                      now_ms, fallback=None)
             _guarded(services, call, "rate_limits", _rates_alone, post, admitted, outcome,
                      tokens, now_ms, fallback=None)
+        if services.alerts is not None and admitted.budgets is not None and cost:
+            # sync: queued, never awaited
+            _guarded(services, call, "alerts", services.alerts.observe, admitted.budgets,
+                     cost, fallback=None)
         if admitted.routing is not None:
             _guarded(services, call, "routing", services.router.record,
                      post, admitted.routing, outcome.route, admitted.facts,
@@ -329,6 +334,8 @@ def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, c
         response_id=response_id(outcome),
         client_request_id=(call.request.request_id
                            if call.request.request_id != call.trace_id else None),
+        guardrails=orjson.dumps([v.record() for v in admitted.guardrails]).decode()
+        if admitted.guardrails else None,
     )
 
 

@@ -223,7 +223,9 @@ class RoundTripReport:
             "Governance on for every row: key, team and end-user budgets, TPM/RPM limits "
             "on key and team, the Redis response cache (every row a miss but the cache-hit "
             "one), usage-based routing over two mock deployments (simple-shuffle in its "
-            "row). The reference column is an established Python gateway's count for the "
+            "row). The proxy budget row's gateway also has a proxy-wide budget and a "
+            "pre-call guardrail (e-mail masking), and its key a budget for the group. "
+            "The reference column is an established Python gateway's count for the "
             "same shapes, before and after its own batching work (waits on Redis, a "
             "pipeline or a Lua script counting as one); it is quoted, not measured here.",
             "",

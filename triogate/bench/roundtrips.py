@@ -92,6 +92,8 @@ class Shape:
         cache_hit: send each body twice and trace the second (a response-cache hit).
         reference: the established gateway's waits (before its batching work, after),
             as quoted text; not measured here.
+        features: sent to a gateway with a proxy-wide budget and a pre-call guardrail,
+            with a key that has a budget for the group (``model_max_budget``).
     """
 
     name: str
@@ -100,6 +102,7 @@ class Shape:
     strategy: str = USAGE_BASED
     refresh: bool = False
     cache_hit: bool = False
+    features: bool = False
     reference: tuple[str, str]
 
     @property
@@ -125,14 +128,24 @@ SHAPES: tuple[Shape, ...] = (
           path="/v1/chat/completions", body=chat_body, refresh=True, reference=("46", "16")),
     Shape(name="/v1/messages, identity refresh", path="/v1/messages", body=messages_body,
           refresh=True, reference=("40", "14")),
+    Shape(name="chat completion, proxy budget + model budget + pre-call guardrail",
+          path="/v1/chat/completions", body=chat_body, features=True,
+          reference=("not measured", "not measured")),
 )
+
+#: The guardrail of the ``features`` gateway: masks e-mail addresses before the call.
+GUARDRAIL = {"guardrail_name": "bench-pii", "litellm_params": {
+    "guardrail": "litellm_content_filter", "mode": "pre_call", "default_on": True,
+    "patterns": [{"pattern_type": "prebuilt", "pattern_name": "email", "action": "MASK"}]}}
 
 
 # --------------------------------------------------------------------------- the gateway
 
 
-def bench_config(state_dir: Path, redis_url: str, strategy: str) -> GatewayConfig:
-    """Two mock deployments in one group, the response cache on, tracing on."""
+def bench_config(state_dir: Path, redis_url: str, strategy: str, *,
+                 features: bool = False) -> GatewayConfig:
+    """Two mock deployments in one group, the response cache on, tracing on; with
+    ``features``, a proxy-wide budget and a pre-call guardrail too."""
     def deployment(name: str) -> dict[str, Any]:
         return {"model_name": GROUP, "model_info": {"id": name}, "litellm_params": {
             "model": f"mock/{name}", "input_cost_per_token": "0.000001",
@@ -142,7 +155,10 @@ def bench_config(state_dir: Path, redis_url: str, strategy: str) -> GatewayConfi
         "model_list": [deployment("bench-a"), deployment("bench-b")],
         "router_settings": {"routing_strategy": strategy},
         "general_settings": {"master_key": MASTER_KEY},
-        "litellm_settings": {"cache": True, "cache_params": {"ttl": 600}},
+        "litellm_settings": {"cache": True, "cache_params": {"ttl": 600},
+                             **({"max_budget": 10_000, "budget_duration": "30d"}
+                                if features else {})},
+        "guardrails": [GUARDRAIL] if features else [],
         "triogate": {
             "state_dir": str(state_dir), "redis": {"url": redis_url, "timeout_s": 5.0},
             "tracing": True, "governance": {"identity_ttl_s": IDENTITY_TTL_S},
@@ -160,21 +176,23 @@ class Gateway:
 
 
 @asynccontextmanager
-async def running_gateway(config: GatewayConfig) -> AsyncIterator[Gateway]:
+async def running_gateway(config: GatewayConfig, *, features: bool = False
+                          ) -> AsyncIterator[Gateway]:
     """Serve ``config`` on 127.0.0.1 (any port); provision; drain on exit."""
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         binds, services = await nursery.start(partial(
             serve, config, host="127.0.0.1", port=0, shutdown=shutdown, handle_signals=False))
         try:
-            key = await provision(binds[0])
+            key = await provision(binds[0], features=features)
             yield Gateway(url=binds[0], services=services, key=key)
         finally:
             shutdown.set()
 
 
-async def provision(url: str) -> str:
-    """Create a team, a key in it and an end user through the admin API; the raw key.
+async def provision(url: str, *, features: bool = False) -> str:
+    """Create a team, a key in it and an end user through the admin API; the raw key
+    (with ``features``, the key has a budget for the group too).
 
     Budgets are large and limits high: nothing here may reject a benchmark request.
     """
@@ -189,9 +207,11 @@ async def provision(url: str) -> str:
         team = await post("/team/new", {"team_alias": "bench-team", "max_budget": 1000,
                                         "budget_duration": "30d", "tpm_limit": 100_000_000,
                                         "rpm_limit": 1_000_000})
+        model_budget = {GROUP: {"budget_limit": 50, "time_period": "1d"}} if features else None
         key = await post("/key/generate", {"team_id": team["team_id"], "max_budget": 100,
                                            "budget_duration": "1d", "tpm_limit": 10_000_000,
-                                           "rpm_limit": 100_000, "key_alias": "bench-key"})
+                                           "rpm_limit": 100_000, "key_alias": "bench-key",
+                                           "model_max_budget": model_budget})
         await post("/customer/new", {"user_id": END_USER, "max_budget": 10,
                                      "rpm_limit": 100_000})
     return str(key["key"])
@@ -262,11 +282,12 @@ async def run_roundtrips(*, requests: int = 5, work_dir: Path | None = None,
     results: dict[str, ShapeResult] = {}
     async with open_embedded_server(work_dir / "redis", persistent=False) as server:
         redis_url = server.url
-        for strategy in dict.fromkeys(s.strategy for s in shapes):
-            config = bench_config(work_dir / strategy, redis_url, strategy)
-            async with running_gateway(config) as gateway:
+        for strategy, features in dict.fromkeys((s.strategy, s.features) for s in shapes):
+            config = bench_config(work_dir / f"{strategy}{'-features' if features else ''}",
+                                  redis_url, strategy, features=features)
+            async with running_gateway(config, features=features) as gateway:
                 for shape in shapes:
-                    if shape.strategy == strategy:
+                    if (shape.strategy, shape.features) == (strategy, features):
                         results[shape.name] = await measure(gateway, shape, requests)
     return RoundTripReport(requests_per_shape=requests,
                            results=tuple(results[s.name] for s in shapes))

@@ -83,7 +83,7 @@ def declare(
     windows = {(p.kind, p.id): ws for p, ws in rate_plans}
     budget_calls: list[tuple[Principal, int, int | None, Awaitable[object]]] = []
     rate_replies: dict[tuple[str, str], Part] = {}
-    for p in budgets.budgeted(identity):
+    for p in budgets.budgeted(identity, request, settings):
         ws = windows.get((p.kind, p.id), ())
         period, end_ms, handle = budgets.declare_reserve(batch, p, request, settings,
                                                          windows=ws)

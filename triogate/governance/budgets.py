@@ -49,6 +49,7 @@ from triogate.batch import BatchError, Merge, Script
 from triogate.governance.decisions import Allowed, Rejected, check_failed, is_refusal
 from triogate.governance.facts import principal_label
 from triogate.governance.keys import MARKER_SLICE_MS, budget_keys, budget_marker
+from triogate.governance.principals import KEY_MODEL, PROXY, TEAM_MODEL, Principal
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, MutableMapping, Sequence
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from triogate.governance.decisions import Decision
     from triogate.governance.facts import CheckSettings, RequestFacts, Window
     from triogate.governance.local import LocalGovernance
-    from triogate.governance.principals import Identity, Principal
+    from triogate.governance.principals import Identity
     from triogate.governance.rate_limits import RateSettlement
 
 OWNER = "budgets"
@@ -105,6 +106,9 @@ class BudgetHold:
     spend_nanousd: int
     reserved_nanousd: int
     degraded: bool = False
+    #: False for a principal with a soft budget only (its spend is tracked, never refused).
+    hard: bool = True
+    soft_budget_nanousd: int | None = None
 
 
 @final
@@ -162,11 +166,41 @@ def _usd(nanousd: int) -> str:
     return f"${Decimal(nanousd).scaleb(-9).normalize():f}"
 
 
-def budgeted(identity: Identity) -> list[Principal]:
-    """The principals of ``identity`` that have a budget (none for the master key)."""
+#: The cap passed for a principal with a soft budget only: never reached (2^53 - 1).
+NO_CAP = 2**53 - 1
+#: The proxy-wide budget's principal id.
+PROXY_ID = "global"
+
+
+def budgeted(
+    identity: Identity, request: RequestFacts | None = None,
+    settings: CheckSettings | None = None,
+) -> list[Principal]:
+    """The principals of ``identity`` whose spend is tracked (none for the master key):
+    those with a budget or a soft budget; then, given the request, the key's and the
+    team's budget for its model group (``model_max_budget``) and, given the settings,
+    the proxy-wide budget. Each is one more script call of the same round."""
     if identity.master:
         return []
-    return [p for p in identity.principals() if p.limits.max_budget_nanousd is not None]
+    out = [p for p in identity.principals()
+           if p.limits.max_budget_nanousd is not None or p.soft_budget_nanousd is not None]
+    if request is not None:
+        group = request.model_group
+        for owner, kind in ((identity.key, KEY_MODEL), (identity.team, TEAM_MODEL)):
+            limits = owner.model_budgets.get(group) if owner is not None else None
+            if owner is not None and limits is not None:
+                out.append(Principal(kind=kind, id=f"{owner.id}:{group}", limits=limits,
+                                     alias=f"{principal_label(owner)}, model {group}"))
+    if settings is not None and settings.proxy_limits is not None:
+        out.append(Principal(kind=PROXY, id=PROXY_ID, limits=settings.proxy_limits,
+                             alias="proxy"))
+    return out
+
+
+def _cap(principal: Principal) -> int:
+    """The budget the script checks: the hard one, else never reached."""
+    cap = principal.limits.max_budget_nanousd
+    return NO_CAP if cap is None else cap
 
 
 def declare_reserve(
@@ -184,7 +218,6 @@ def declare_reserve(
     (``governance.admit``); the reply then carries ``rate_admit.lua``'s after the budget's.
     """
     limits = principal.limits
-    assert limits.max_budget_nanousd is not None
     now_ms = request.now_ms
     period = limits.budget_period(now_ms)
     end_ms = limits.budget_period_end_ms(now_ms)
@@ -193,7 +226,7 @@ def declare_reserve(
         now_ms,
         request.request_id,
         request.estimate_nanousd,
-        limits.max_budget_nanousd,
+        _cap(principal),
         settings.lease_ms,
         _ttl_ms(end_ms, now_ms, settings.budget_retention_ms),
     ]
@@ -220,7 +253,8 @@ async def reserve(
     check (master key, no budgets) it declares nothing and joins no round.
     (The gateway uses ``governance.admit``, which also admits the rate windows.)
     """
-    calls = [(p, *declare_reserve(batch, p, request, settings)) for p in budgeted(identity)]
+    calls = [(p, *declare_reserve(batch, p, request, settings))
+             for p in budgeted(identity, request, settings)]
     return await conclude(calls, request, settings, local)
 
 
@@ -241,8 +275,7 @@ async def conclude(
     rejected: Rejected | None = None
     unavailable = refused = False
     for p, period, end_ms, handle in calls:
-        max_budget = p.limits.max_budget_nanousd
-        assert max_budget is not None
+        max_budget = _cap(p)
         reply = await _reply(handle)
         # A script refusing its arguments decides nothing: refused, never failed open.
         refused = refused or reply is REFUSED
@@ -278,6 +311,8 @@ async def conclude(
             spend_nanousd=spend,
             reserved_nanousd=reserved,
             degraded=degraded,
+            hard=p.limits.max_budget_nanousd is not None,
+            soft_budget_nanousd=p.soft_budget_nanousd,
         )
         holds.append(hold)
         if rejected is None and not admitted and not closed:
@@ -291,7 +326,8 @@ async def conclude(
         retention_ms=settings.budget_retention_ms,
     )
     remaining = min(
-        max(h.max_budget_nanousd - h.spend_nanousd - h.reserved_nanousd, 0) for h in holds
+        (max(h.max_budget_nanousd - h.spend_nanousd - h.reserved_nanousd, 0)
+         for h in holds if h.hard), default=None,
     )
     degraded_any = any(h.degraded for h in holds)
     decision: Decision
@@ -342,10 +378,16 @@ async def _reply(handle: Awaitable[object]) -> tuple[bool, int, int] | str | Non
     return bool(reply[0]), reply[1], reply[2]
 
 
+#: How messages name the budget-only principals.
+_KIND_NAMES = {KEY_MODEL: "key", TEAM_MODEL: "team"}
+
+
 def _over_budget(
     principal: Principal, hold: BudgetHold, request: RequestFacts, *, degraded: bool
 ) -> Rejected:
-    kind = principal.kind.replace("_", " ")
+    kind = _KIND_NAMES.get(principal.kind, principal.kind.replace("_", " "))
+    who = "The proxy-wide budget" if principal.kind == PROXY else (
+        f"{kind.capitalize()} '{hold.label}'")
     parts = [f"spend {_usd(hold.spend_nanousd)} of {_usd(hold.max_budget_nanousd)} in this period"]
     if hold.spend_nanousd < hold.max_budget_nanousd:
         if hold.reserved_nanousd:
@@ -359,8 +401,7 @@ def _over_budget(
     return Rejected(
         check="budgets",
         reason="budget_exceeded",
-        message=(f"Budget has been exceeded! {kind.capitalize()} '{hold.label}': "
-                 f"{'; '.join(parts)}"),
+        message=f"Budget has been exceeded! {who}: {'; '.join(parts)}",
         status=400,
         error_type="budget_exceeded",
         degraded=degraded,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
 #: The order in which rejections win.
-ORDER = ("auth", "budgets", "rate_limits", "routing")
+ORDER = ("auth", "budgets", "rate_limits", "guardrails", "routing")
 
 
 @final

@@ -13,7 +13,7 @@ import attrs
 
 if TYPE_CHECKING:
     from triogate.config import GovernanceSettings, PolicySettings
-    from triogate.governance.principals import Principal
+    from triogate.governance.principals import Limits, Principal
 
 #: What a check does when Redis does not answer.
 FailurePolicy = Literal["fail-open", "fail-closed"]
@@ -62,6 +62,8 @@ class CheckSettings:
         budget_retention_ms: how long a budget period's keys outlive the period (for
             reports and late settlements).
         backend: the batch backend name for counters.
+        proxy_limits: the proxy-wide budget (``litellm_settings.max_budget`` and
+            ``budget_duration``) every governed request reserves against; None = none.
     """
 
     budgets_policy: FailurePolicy = attrs.field(default="fail-open", validator=_policy)
@@ -70,10 +72,12 @@ class CheckSettings:
     settle_marker_ttl_ms: int = attrs.field(default=86_400_000, validator=_positive)
     budget_retention_ms: int = attrs.field(default=86_400_000, validator=_non_negative)
     backend: str = "counters"
+    proxy_limits: Limits | None = None
 
     @classmethod
     def from_config(
-        cls, policies: PolicySettings, governance: GovernanceSettings, *, backend: str = "counters"
+        cls, policies: PolicySettings, governance: GovernanceSettings, *,
+        backend: str = "counters", proxy_limits: Limits | None = None,
     ) -> CheckSettings:
         """Build from the ``triogate.policies`` and ``triogate.governance`` sections."""
         return cls(
@@ -81,6 +85,7 @@ class CheckSettings:
             rate_limits_policy=policies.rate_limits,
             lease_ms=max(1, round(governance.lease_s * 1000)),
             backend=backend,
+            proxy_limits=proxy_limits,
         )
 
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from triogate.governance.principals import Limits, Principal
+from triogate.store.records import parse_duration
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
     from triogate.store.records import EndUserRow, KeyRow, TagRow, TeamRow, UserRow
 
 
@@ -28,6 +32,20 @@ def _limits(
     )
 
 
+def model_budgets(raw: Mapping[str, Any], anchor_s: int | None) -> dict[str, Limits]:
+    """``model_max_budget`` as stored → model group → its own budget's limits (periods
+    count from the owner's anchor). Entries the store could not have written are left out."""
+    out = {}
+    for group, entry in raw.items():
+        cap = entry.get("budget_limit_nanousd") if isinstance(entry, dict) else None
+        if not isinstance(cap, int):
+            continue
+        period = entry.get("time_period")
+        out[group] = Limits(max_budget_nanousd=cap, budget_anchor_s=anchor_s or 0,
+                            budget_duration_s=parse_duration(period) if period else None)
+    return out
+
+
 def key_principal(row: KeyRow) -> Principal:
     """A key: id = its SHA-256, with per-model limits and expiry."""
     return Principal(
@@ -41,6 +59,8 @@ def key_principal(row: KeyRow) -> Principal:
         model_tpm=dict(row.model_tpm_limit),
         alias=row.key_alias,
         aliases=dict(row.aliases),
+        soft_budget_nanousd=row.soft_budget_nanousd,
+        model_budgets=model_budgets(row.model_max_budget, row.budget_anchor_s),
     )
 
 
@@ -54,6 +74,8 @@ def team_principal(row: TeamRow) -> Principal:
         blocked=row.blocked,
         alias=row.team_alias,
         aliases=dict(row.model_aliases),
+        soft_budget_nanousd=row.soft_budget_nanousd,
+        model_budgets=model_budgets(row.model_max_budget, row.budget_anchor_s),
     )
 
 
@@ -67,6 +89,7 @@ def user_principal(row: UserRow) -> Principal:
         blocked=row.blocked,
         alias=row.user_alias or row.user_email,
         role=row.user_role,
+        soft_budget_nanousd=row.soft_budget_nanousd,
     )
 
 
@@ -78,6 +101,7 @@ def end_user_principal(row: EndUserRow) -> Principal:
         limits=_limits(row, max_parallel=row.max_parallel_requests),
         blocked=row.blocked,
         alias=row.alias,
+        soft_budget_nanousd=row.soft_budget_nanousd,
     )
 
 

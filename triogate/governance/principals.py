@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 KINDS = ("key", "team", "user", "end_user", "tag")
+#: Budget-only principals: the proxy-wide budget, and a key's or a team's budget for one
+#: model group (``model_max_budget``). Never in :meth:`Identity.principals` (they carry no
+#: rate limits, model lists or blocks); ``governance.budgets.budgeted`` adds them.
+PROXY, KEY_MODEL, TEAM_MODEL = "proxy", "key_model", "team_model"
 
 
 @final
@@ -71,6 +75,10 @@ class Principal:
         alias: a display name (key alias, team alias, ...), for logs and reports.
         aliases: model aliases (a key's ``aliases``, a team's ``model_aliases``).
         role: for users, the LiteLLM role (``proxy_admin``, ``internal_user``, ...).
+        soft_budget_nanousd: spend per budget period past which an alert is sent (the
+            request is still served); None = no soft budget.
+        model_budgets: for keys and teams, model group → its own budget
+            (``model_max_budget``): ``max_budget_nanousd`` and ``budget_duration_s``.
     """
 
     kind: str
@@ -84,6 +92,8 @@ class Principal:
     alias: str | None = None
     aliases: Mapping[str, str] = attrs.Factory(dict)
     role: str | None = None
+    soft_budget_nanousd: int | None = None
+    model_budgets: Mapping[str, Limits] = attrs.Factory(dict)
 
     def allows_model(
         self, group: str, *, providers: Callable[[], frozenset[str]] = lambda: frozenset(),

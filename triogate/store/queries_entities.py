@@ -46,7 +46,7 @@ _FIELD_TO_COLUMN = {
 _COLUMN_TO_FIELD = {v: k for k, v in _FIELD_TO_COLUMN.items()}
 _LIST_COLUMNS = frozenset({"models", "tags"})
 _DICT_COLUMNS = frozenset({"metadata", "model_rpm_limit", "model_tpm_limit", "aliases",
-                           "model_aliases"})
+                           "model_aliases", "model_max_budget"})
 #: Fields no caller sets: derived (duration seconds, hint) or maintained (times).
 _DERIVED = frozenset({"budget_duration_s", "created_at_ms", "updated_at_ms", "key_hint"})
 #: Rows fetched per ``IN (...)`` (far below SQLite's 32,766 bound parameters).

@@ -89,6 +89,8 @@ class KeyRow:
         created_at_ms, updated_at_ms: epoch ms.
         aliases: model aliases of this key (requested name → model group).
         budget_id: a shared budget (``budgets`` table) whose limits apply to the key.
+        soft_budget_nanousd: spend per period past which an alert is sent (not refused).
+        model_max_budget: model group → ``{"budget_limit_nanousd", "time_period"}``.
     """
 
     token_hash: str
@@ -114,6 +116,8 @@ class KeyRow:
     updated_at_ms: int = 0
     aliases: Mapping[str, str] = attrs.Factory(dict)
     budget_id: str | None = None
+    soft_budget_nanousd: int | None = None
+    model_max_budget: Mapping[str, Any] = attrs.Factory(dict)
 
 
 @final
@@ -137,6 +141,8 @@ class TeamRow:
     updated_at_ms: int = 0
     model_aliases: Mapping[str, str] = attrs.Factory(dict)
     budget_id: str | None = None
+    soft_budget_nanousd: int | None = None
+    model_max_budget: Mapping[str, Any] = attrs.Factory(dict)
 
 
 @final
@@ -161,6 +167,7 @@ class UserRow:
     updated_at_ms: int = 0
     user_role: str | None = None
     budget_id: str | None = None
+    soft_budget_nanousd: int | None = None
 
 
 @final
@@ -182,6 +189,7 @@ class EndUserRow:
     created_at_ms: int = 0
     updated_at_ms: int = 0
     budget_id: str | None = None
+    soft_budget_nanousd: int | None = None
 
 
 @final
@@ -258,6 +266,8 @@ class SpendLogRow:
             ``msg_…``, ``resp_…``), when there was one.
         client_request_id: the client's own ``x-request-id``, when it sent one (the
             response then carries it; ``request_id`` stays the gateway's, unique).
+        guardrails: the guardrails that ran, as a JSON list of ``{guardrail_name, mode,
+            status, message}`` (None: none ran).
     """
 
     request_id: str
@@ -282,6 +292,7 @@ class SpendLogRow:
     end_time_ms: int = 0
     response_id: str | None = None
     client_request_id: str | None = None
+    guardrails: str | None = None
 
 
 @final

@@ -33,6 +33,17 @@ def _budget_columns() -> list[sa.Column[Any]]:
     ]
 
 
+def _alert_budget_columns(*, models: bool) -> list[sa.Column[Any]]:
+    """Added after the first release (nullable, so ``migrate.upgrade`` adds them): the soft
+    budget (an alert, not a refusal) and, on keys and teams, per-model budgets
+    (``{group: {"budget_limit_nanousd": n, "time_period": "1d"}}``)."""
+    columns: list[sa.Column[Any]] = [sa.Column("soft_budget_nanousd", sa.BigInteger,
+                                               nullable=True)]
+    if models:
+        columns.append(sa.Column("model_max_budget", sa.JSON, nullable=True))
+    return columns
+
+
 def _times() -> list[sa.Column[Any]]:
     return [
         sa.Column("created_at", sa.BigInteger, nullable=False),
@@ -61,6 +72,7 @@ keys = sa.Table(
     # Added after the first release: nullable, so ``migrate.upgrade`` can add them.
     sa.Column("aliases", sa.JSON, nullable=True),
     sa.Column("budget_id", sa.Text, nullable=True),
+    *_alert_budget_columns(models=True),
     # LiteLLM finds keys by alias: two keys with one alias would make that ambiguous.
     sa.Index("ux_keys_key_alias", "key_alias", unique=True),
 )
@@ -78,6 +90,7 @@ teams = sa.Table(
     *_times(),
     sa.Column("model_aliases", sa.JSON, nullable=True),
     sa.Column("budget_id", sa.Text, nullable=True),
+    *_alert_budget_columns(models=True),
 )
 
 users = sa.Table(
@@ -94,6 +107,7 @@ users = sa.Table(
     *_times(),
     sa.Column("user_role", sa.Text, nullable=True),
     sa.Column("budget_id", sa.Text, nullable=True),
+    *_alert_budget_columns(models=False),
 )
 
 end_users = sa.Table(
@@ -107,6 +121,7 @@ end_users = sa.Table(
     sa.Column("blocked", sa.Boolean, nullable=False),
     *_times(),
     sa.Column("budget_id", sa.Text, nullable=True),
+    *_alert_budget_columns(models=False),
 )
 
 tags = sa.Table(
@@ -167,6 +182,8 @@ spend_logs = sa.Table(
     # Added after the first release: nullable, so ``migrate.upgrade`` can add them.
     sa.Column("response_id", sa.Text, nullable=True),
     sa.Column("client_request_id", sa.Text, nullable=True),
+    # The guardrails that ran and their verdicts: a JSON list as text (nullable: added).
+    sa.Column("guardrails", sa.Text, nullable=True),
     sa.Index("ix_spend_logs_client_request_id", "client_request_id"),
     # One index per report filter; each ends with the time so ranges stay indexed.
     sa.Index("ix_spend_logs_key_time", "key_hash", "start_time_ms"),

@@ -152,11 +152,13 @@ def status(row: Mapping[str, Any], now_ms: int) -> Html:
 
 
 def budget_text(row: Mapping[str, Any]) -> str:
-    cap = row.get("max_budget_nanousd")
+    cap, soft = row.get("max_budget_nanousd"), row.get("soft_budget_nanousd")
+    soft_text = f"soft {usd(soft)}" if soft is not None else None
     if cap is None:
-        return "—"
+        return soft_text or "—"
     period = row.get("budget_duration")
-    return f"{usd(cap)} / {period}" if period else usd(cap)
+    text = f"{usd(cap)} / {period}" if period else usd(cap)
+    return f"{text} ({soft_text})" if soft_text else text
 
 
 def columns(kind: Kind, now_ms: int) -> tuple[tuple[str, ...], Callable[[Mapping[str, Any]],

@@ -89,6 +89,10 @@ async def _use(ctx: Ctx, kind: Kind, ident: str, row: Mapping[str, Any]) -> Html
         f"resets {str(row['budget_reset_at'])[:19].replace('T', ' ')}"
         if row.get("budget_reset_at") else "",
     ]]
+    soft = row.get("soft_budget_nanousd")
+    if soft is not None:  # an alert, not a refusal, past it
+        rows.append(["Soft budget", meter(spend, soft, f"{usd(spend)} of {usd(soft)}"),
+                     "alerts when crossed"])
     live = await live_use(ctx.services, kind.name, ident)
     for label, enforced, logged, cap_name in (
         ("Requests per minute", live.rpm, minute[0] if minute else None, "rpm_limit"),

@@ -18,6 +18,28 @@ if TYPE_CHECKING:
 REFRESH_S = 5
 
 
+def _alerts(ctx: Ctx) -> Html:
+    """Budget alerts this process queued (newest first), and how their sending went."""
+    alerts = ctx.services.alerts
+    if alerts is None:
+        return Html("")
+    rows = []
+    for alert in reversed(alerts.recent):
+        body = alert.payload()
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.at_ms / 1000))
+        rows.append((when, body["event_message"], alert.label, usd(alert.spend_nanousd),
+                     usd(alert.soft_budget_nanousd if alert.threshold == "soft"
+                         else alert.max_budget_nanousd)))
+    return section(
+        "Budget alerts",
+        table(("Time (UTC)", "Alert", "Who", "Spend", "Limit"), rows, numeric=(3, 4),
+              empty="No budget alert yet."),
+        note=f"Soft budgets and 50/80/100 % of hard budgets, one alert per budget period, "
+             f"posted to the alerting webhook: {alerts.delivered} delivered, "
+             f"{alerts.failed} failed, {alerts.dropped} dropped, {alerts.queued} queued "
+             "(this process).")
+
+
 def _ms(seconds: float | None) -> str:
     return "—" if seconds is None else f"{seconds * 1000:,.0f} ms"
 
@@ -87,7 +109,7 @@ async def overview(ctx: Ctx) -> Response:
              "awaiting replay, spend-log rows waiting for SQL. Each process reports when it "
              "serves this page (the page refreshes itself), so with several workers every "
              "one appears within a few refreshes; rows older than a minute are dropped.")
-    content = Html(cards + waits + accounting)
+    content = Html(cards + waits + accounting + _alerts(ctx))
     response = ctx.page("Overview", content, active="overview", refresh_s=REFRESH_S)
     # A browser keeps its connection, and so its worker: closing it after this page
     # lets the next refresh land on any worker, so every worker reports within a few.

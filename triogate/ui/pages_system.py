@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 REDACTED = "*** redacted ***"
 #: Field names whose values are secrets, wherever they appear (``api_key``, ``password``).
 SECRET_NAME = re.compile(
-    r"((^|_)(key|token|auth)$)|secret|passw|credential|private", re.I)
+    r"((^|_)(key|token|auth)$)|secret|passw|credential|private|webhook", re.I)
 #: Names that match but hold no secret.
 NOT_SECRET = re.compile(r"per_token|cache_key|key_hash|routing_key", re.I)
 
@@ -52,6 +52,8 @@ def _plain(value: Any, name: str, secrets: tuple[str, ...]) -> Any:
         for secret in secrets:
             text = text.replace(secret, REDACTED)
         return text
+    if isinstance(value, re.Pattern):
+        return value.pattern
     if isinstance(value, Path | decimal.Decimal | datetime.date):
         return str(value)
     return value

@@ -102,7 +102,7 @@ def test_environment_overrides_the_file() -> None:
         ({"litellm_settings": {"cache_params": {"namespace": "x"}}},
          "$.litellm_settings.cache_params.namespace: unsupported key"),
         ({"general_settings": {"alerting": ["slack"]}},
-         "$.general_settings.alerting: unsupported key"),
+         "$.general_settings.alerting[0]: 'slack' is not supported"),
         ({"triogate": {"redis": {"timeout": 1}}}, "$.triogate.redis.timeout: unsupported key"),
         ({"triogate": {"stream_coalesce_window_s": 2}}, "'stream_coalesce_window_s' must be <= 1"),
         ({"triogate": {"stream_coalesce_window_s": -0.1}},

@@ -8,8 +8,8 @@ asks for behaviour triogate does not have, so a script never believes it set som
 that is silently ignored.
 
 Fields that name whole features triogate leaves out (organizations, SSO and UI login,
-guardrails) say so in their refusal. The implemented fields live in ``fields.py``; the
-README's migration table is rendered from both (:func:`field_table`).
+guardrails per key or team) say so in their refusal. The implemented fields live in
+``fields.py``; the README's migration table is rendered from both (:func:`field_table`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _EMPTY: tuple[Any, ...] = (None, False, 0, "", [], {})
 
 _ORGS = "organizations, which triogate does not have (keys, teams and users only)"
 _SSO = "SSO / UI login, which triogate does not have (the admin API uses keys)"
-_GUARDRAILS = "guardrails, which triogate does not have"
+_GUARDRAILS = "guardrails per key or team (configure them in the config file's guardrails:)"
 
 
 class Noop:
@@ -57,8 +57,9 @@ def _n(reason: str, *defaults: Any) -> Noop:
 
 
 _SPEND = _n("setting spend by hand (spend is counted from requests)")
-_SOFT = _n("soft budgets (alerts), which triogate does not send")
-_MODEL_BUDGET = _n("per-model budgets (model_max_budget); use one key per model instead")
+_SOFT = _n("soft budgets on shared budgets (set soft_budget on the key, team, user or "
+           "customer)")
+_MODEL_BUDGET = _n("per-model budgets here (set model_max_budget on the key or team)")
 _CACHE_CONTROLS = _n("per-key cache-control restrictions")
 _PERMS = _n("per-key permissions / object permissions")
 _ROUTES = _n("per-key route restrictions")

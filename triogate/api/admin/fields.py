@@ -104,6 +104,34 @@ def _budget_duration(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]
     return {"budget_duration": value}
 
 
+def _soft_budget(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    return {"soft_budget_nanousd": None if value is None else usd_to_nanousd(name, value)}
+
+
+def _model_max_budget(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    """LiteLLM's ``{"gpt-4o": {"budget_limit": 10, "time_period": "1d"}}``: a budget per
+    model group, stored in nano-USD (``time_period`` null: one period for ever)."""
+    if value is None:
+        return {"model_max_budget": {}}
+    if not isinstance(value, dict):
+        raise bad(name, 'must be an object like {"gpt-4o": {"budget_limit": 10, '
+                        '"time_period": "1d"}}')
+    _check_names(name, list(value))
+    out: dict[str, Any] = {}
+    for group, entry in value.items():
+        if not isinstance(entry, dict) or "budget_limit" not in entry or (
+                set(entry) - {"budget_limit", "time_period"}):
+            raise bad(f"{name}.{group}", "must be an object with budget_limit (USD) and "
+                                         "an optional time_period (e.g. \"1d\")")
+        period = entry.get("time_period")
+        if period is not None:
+            seconds(f"{name}.{group}.time_period", period)
+        out[group] = {"budget_limit_nanousd": usd_to_nanousd(f"{name}.{group}.budget_limit",
+                                                             entry["budget_limit"]),
+                      "time_period": period}
+    return {"model_max_budget": out}
+
+
 def seconds(name: str, value: Any) -> int:
     """A LiteLLM duration (``"30d"``) in seconds, at most 100 years."""
     try:
@@ -258,6 +286,7 @@ _PRINCIPAL: dict[str, Converter] = {
     "metadata": _metadata,
     "blocked": _blocked,
     "budget_id": text("budget_id"),
+    "soft_budget": _soft_budget,
 }
 
 #: Body fields per entity (ids and request-only fields are handled by the handlers):
@@ -271,6 +300,7 @@ KEY_FIELDS: Mapping[str, Converter] = compat.table({
     "aliases": aliases("aliases"),
     "model_rpm_limit": model_limits("model_rpm_limit"),
     "model_tpm_limit": model_limits("model_tpm_limit"),
+    "model_max_budget": _model_max_budget,
     "tags": _tags,
     "duration": _duration,
     "expires": _expires,
@@ -278,6 +308,7 @@ KEY_FIELDS: Mapping[str, Converter] = compat.table({
 TEAM_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL, "team_alias": text("team_alias"), "models": _models,
     "model_aliases": aliases("model_aliases"),
+    "model_max_budget": _model_max_budget,
 }, compat.TEAM_NOOP)
 USER_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL,
@@ -400,6 +431,13 @@ def render_row(row: Any) -> dict[str, Any]:
         elif name == "max_budget_nanousd":
             out["max_budget"] = usd(value)
             out["max_budget_nanousd"] = value
+        elif name == "soft_budget_nanousd":
+            out["soft_budget"] = usd(value)
+            out[name] = value
+        elif name == "model_max_budget":
+            out[name] = {g: {"budget_limit": usd(e.get("budget_limit_nanousd")),
+                             "time_period": e.get("time_period")}
+                         for g, e in value.items() if isinstance(e, dict)}
         elif name == "expires_at_ms":
             out["expires"] = iso(value)
             out["expires_at_ms"] = value

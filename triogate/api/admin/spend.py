@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from triogate.api.admin.common import sql, store_of
 from triogate.api.admin.fields import (
     iso,
@@ -108,6 +110,7 @@ def render_log(row: SpendLogRow) -> dict[str, Any]:
         "endTime": iso(row.end_time_ms),
         "start_time_ms": row.start_time_ms,
         "end_time_ms": row.end_time_ms,
+        "guardrails": orjson.loads(row.guardrails) if row.guardrails else [],
     }
 
 

@@ -1,6 +1,6 @@
 """LiteLLM routes for features triogate leaves out, answered with a 400 that says so.
 
-Organizations, SSO / UI login, guardrails and runtime model management (``/model/new``
+Organizations, SSO / UI login, guardrails over the API and runtime model management (``/model/new``
 and friends) are not part of triogate. A LiteLLM script that calls them gets a 400 in
 OpenAI's error shape (``code: unsupported_feature``) naming what is missing and what to
 use instead, never a 404 that could pass for a typo or a success that did nothing. The
@@ -27,7 +27,8 @@ _ORGS = ("organizations: triogate has keys, teams, users, customers and tags; gr
          "by naming them, and give each its own budget")
 _SSO = ("SSO / UI login: the admin API takes the master key or a virtual key, and the "
         "dashboard (/ui) signs in with one")
-_GUARDRAILS = "guardrails: run them in front of, or behind, the gateway"
+_GUARDRAILS = ("guardrails over the API: configure them in the config file's guardrails: "
+               "(docs/governance-features.md)")
 _MODELS = ("runtime model management: deployments come from the config file's model_list "
            "(restart, or roll the processes, to change them)")
 
