@@ -29,13 +29,13 @@ import yaml
 from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
-from triogate import config_litellm
+from triogate import config_cloud, config_litellm
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-PROVIDERS = ("openai", "anthropic", "mock")
+PROVIDERS = ("openai", "anthropic", "mock", *config_cloud.CLOUD_PROVIDERS)
 STRATEGIES = (
     "simple-shuffle",
     "least-busy",
@@ -83,6 +83,17 @@ class LitellmParams:
     mock_failure_status: int = 500
     #: LiteLLM's per-deployment ``drop_params``: drop what this provider cannot take.
     drop_params: bool | None = None
+    # Cloud providers (bedrock/, gemini/, vertex_ai/): see config_cloud.CloudParams.
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = attrs.field(default=None, repr=False)
+    aws_session_token: str | None = attrs.field(default=None, repr=False)
+    aws_region_name: str | None = None
+    vertex_project: str | None = None
+    vertex_location: str | None = None
+    vertex_credentials: Any = attrs.field(  # a JSON text or mapping, or a file's path
+        default=None, repr=False,
+        validator=_optional(attrs.validators.instance_of((str, dict))))
+    vertex_token_url: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -396,6 +407,8 @@ class Deployment:
     drop_params: bool = False
     #: Whether the config gave a price (else a wildcard's model is priced from the table).
     priced: bool = True
+    #: Credentials and placement of a bedrock/, gemini/ or vertex_ai/ deployment.
+    cloud: config_cloud.CloudParams | None = None
 
     @property
     def wildcard(self) -> bool:
@@ -600,6 +613,9 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         for f in ("mock_response", "mock_latency_ms", "mock_failure_rate", "mock_output_tokens")
     ):
         raise ConfigError(f"{path}: mock_* settings only apply to mock/ models")
+    cloud = config_cloud.cloud_params(provider, params)
+    if (missing := config_cloud.check_cloud_params(provider, cloud, path)) is not None:
+        raise ConfigError(missing)
     ident = str(entry.model_info.get("id") or hashlib.sha256(
         f"{entry.model_name}|{params.model}|{params.api_base}|{i}".encode()
     ).hexdigest()[:16])
@@ -640,6 +656,7 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         drop_params=drop_params if params.drop_params is None else params.drop_params,
         priced=params.input_cost_per_token is not None
         or params.output_cost_per_token is not None,
+        cloud=cloud,
     )
 
 
@@ -747,6 +764,7 @@ def parse_config(
                           "a mapping")
     environ = {**{str(k): str(v) for k, v in section.items()}, **environ}
     raw = expand_env(raw, environ)
+    config_cloud.fill_from_environ(raw, environ)
     raw.setdefault("triogate", {})
     if raw["triogate"] is None:
         raw["triogate"] = {}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from triogate.providers.anthropic import AnthropicProvider
+from triogate.providers.gemini import GeminiProvider
 from triogate.providers.mock import MockProvider
 from triogate.providers.openai import OpenAIProvider
 from triogate.providers.transport import CONNECT_TIMEOUT_S, UpstreamTransport, register
@@ -69,9 +70,14 @@ async def build_providers(
     async with (
         new_upstream_client(max_connections=max_connections) as openai_client,
         new_upstream_client(max_connections=max_connections) as anthropic_client,
+        new_upstream_client(max_connections=max_connections) as google_client,
     ):
-        yield {
+        providers: dict[str, Provider] = {
             "openai": OpenAIProvider(openai_client),
             "anthropic": AnthropicProvider(anthropic_client),
             "mock": MockProvider(seed=0),
         }
+        # The cloud providers: Gemini API, Vertex AI (one token cache per process).
+        providers["gemini"] = GeminiProvider(google_client, vertex=False)
+        providers["vertex_ai"] = GeminiProvider(google_client, vertex=True)
+        yield providers
