@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers import bridge
+from triogate.providers.cloud_errors import cloud_errors
 from triogate.providers.google_auth import GoogleTokens
 from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json
 from triogate.providers.records import Completion, Usage
@@ -100,10 +101,11 @@ class GeminiProvider:
         if api == "embeddings":
             return await self._embed(body, deployment)
         request = chat_to_gemini_request(bridge.chat_request(api, body))
-        response = await post_json(
-            self._client, self._url(deployment, "generateContent"),
-            headers=await self._headers(deployment), body=request,
-            timeout_s=deployment.timeout_s)
+        with cloud_errors():
+            response = await post_json(
+                self._client, self._url(deployment, "generateContent"),
+                headers=await self._headers(deployment), body=request,
+                timeout_s=deployment.timeout_s)
         try:
             usage = gemini_usage(response.get("usageMetadata"))
             chat = gemini_to_chat_response(
@@ -132,10 +134,11 @@ class GeminiProvider:
                     deployment: Deployment) -> AsyncIterator[ProviderStream]:
         created_s = int(self._clock())
         url = self._url(deployment, "streamGenerateContent") + "?alt=sse"
-        async with open_sse_response(
-            self._client, url, headers=await self._headers(deployment), body=request,
-            timeout_s=deployment.stream_timeout_s,
-        ) as response:
+        async with contextlib.AsyncExitStack() as stack:
+            with cloud_errors():
+                response = await stack.enter_async_context(open_sse_response(
+                    self._client, url, headers=await self._headers(deployment), body=request,
+                    timeout_s=deployment.stream_timeout_s))
             to_chat = GeminiToChat(created_s=created_s, model=deployment.upstream_model)
             source = bridge.ChatEventSource(SSESource(response), to_chat)
             yield bridge.chat_stream(api, source, request=body, created_s=created_s)
@@ -148,9 +151,10 @@ class GeminiProvider:
             parameters = {"outputDimensionality": dimensions} if dimensions else {}
             request: dict[str, Any] = {"instances": [{"content": t} for t in texts],
                                        **({"parameters": parameters} if parameters else {})}
-            response = await post_json(self._client, self._url(deployment, "predict"),
-                                       headers=headers, body=request,
-                                       timeout_s=deployment.timeout_s)
+            with cloud_errors():
+                response = await post_json(self._client, self._url(deployment, "predict"),
+                                           headers=headers, body=request,
+                                           timeout_s=deployment.timeout_s)
             try:
                 found = [p["embeddings"] for p in response["predictions"]]
                 vectors = [list(e["values"]) for e in found]
@@ -167,11 +171,12 @@ class GeminiProvider:
             requests = [{"model": model, "content": {"parts": [{"text": t}]}, **extra}
                         for t in texts]
             single = len(requests) == 1
-            response = await post_json(
-                self._client,
-                self._url(deployment, "embedContent" if single else "batchEmbedContents"),
-                headers=headers, body=requests[0] if single else {"requests": requests},
-                timeout_s=deployment.timeout_s)
+            with cloud_errors():
+                response = await post_json(
+                    self._client,
+                    self._url(deployment, "embedContent" if single else "batchEmbedContents"),
+                    headers=headers, body=requests[0] if single else {"requests": requests},
+                    timeout_s=deployment.timeout_s)
             try:
                 found = [response["embedding"]] if single else response["embeddings"]
                 vectors = [list(e["values"]) for e in found]
