@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from triogate.errors import ProviderProtocolError
+from triogate.errors import ProviderError, ProviderProtocolError
 from triogate.providers.http import SHAPE_ERRORS
 from triogate.providers.records import Completion, Usage
 from triogate.providers.streaming import TranslatedStream
@@ -79,18 +79,22 @@ class ChatEventSource:
     """Upstream events as chat chunks: an EventSource for :class:`TranslatedStream`.
 
     A translation failure (an event of the wrong shape) is the upstream's protocol error,
-    raised by ``next_event``; ``next_nowait`` never raises.
+    and an error event the translator raises for is that error: both are raised by
+    ``next_event`` (after the chunks before them); ``next_nowait`` never raises.
     """
 
     def __init__(self, events: UpstreamEvents, to_chat: ChatTranslator) -> None:
         self._events = events
         self._to_chat = to_chat
         self._pending: collections.deque[dict[str, Any]] = collections.deque()
-        self._error: ProviderProtocolError | None = None
+        self._error: ProviderError | None = None
 
     def _convert(self, event: Mapping[str, Any]) -> bool:
         try:
             self._pending.extend(self._to_chat.feed(event))
+        except ProviderError as exc:  # an in-stream error event: raised by next_event
+            self._error = exc
+            return False
         except SHAPE_ERRORS as exc:
             self._error = ProviderProtocolError(
                 f"upstream stream event has an unexpected shape: {exc!r}")
