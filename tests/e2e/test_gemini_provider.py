@@ -13,6 +13,7 @@ import orjson
 import pytest
 import trio
 
+from tests.e2e.cloud import PNG_B64, TOOL, USD, cloud_config, error_of
 from tests.e2e.conftest import (
     MASTER_HEADERS,
     MASTER_KEY,
@@ -20,7 +21,6 @@ from tests.e2e.conftest import (
     spend_rows,
     traced_waits,
 )
-from triogate.config import parse_config
 from triogate.testing.fakegemini import open_fake_gemini
 
 if TYPE_CHECKING:
@@ -34,12 +34,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 GEMINI_KEY = "gemini-upstream-key"
-PNG_B64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJ"
-           "RU5ErkJggg==")
-TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"], "additionalProperties": False}}}
 PRICE = {"input_cost_per_token": "0.000001", "output_cost_per_token": "0.000002"}
 
 
@@ -68,16 +62,6 @@ def cloud_models(fake: FakeGemini, credentials: str) -> list[dict[str, Any]]:
 async def fake() -> AsyncIterator[FakeGemini]:
     async with open_fake_gemini(api_key=GEMINI_KEY, max_input_tokens=200) as server:
         yield server
-
-
-def cloud_config(tmp_path: Path, redis_url: str, models: list[dict[str, Any]]) -> Any:
-    """A gateway serving ``models`` only, with the test defaults (tracing on)."""
-    return parse_config({
-        "model_list": models,
-        "router_settings": {"num_retries": 0, "allowed_fails": 2, "cooldown_time": 60},
-        "general_settings": {"master_key": MASTER_KEY},
-        "triogate": {"state_dir": str(tmp_path / "state"), "tracing": True,
-                     "redis": {"url": redis_url, "timeout_s": 2.0}, "shutdown_grace_s": 5}})
 
 
 @pytest.fixture
@@ -273,16 +257,6 @@ MESSAGES = {"model": "gemini-test", "max_tokens": 16,
             "messages": [{"role": "user", "content": "hi"}]}
 
 
-def error_of(response: httpx.Response, *, anthropic_shape: bool) -> dict[str, Any]:
-    """The error object of an OpenAI- or Anthropic-shaped error answer, checked clean."""
-    payload = response.json()
-    if anthropic_shape:
-        assert payload["type"] == "error"
-    assert "Traceback" not in response.text and GEMINI_KEY not in response.text
-    error: dict[str, Any] = payload["error"]
-    return error
-
-
 @pytest.mark.parametrize("kind", ["throttling", "server", "context_length", "auth"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 async def test_upstream_errors_in_the_clients_shape(
@@ -298,7 +272,7 @@ async def test_upstream_errors_in_the_clients_shape(
     else:
         fake.api_key = "rotated-key"  # the gateway's key is now refused (Google says 400)
     response = await _post(gateway, path, body)
-    error = error_of(response, anthropic_shape=path == "/v1/messages")
+    error = error_of(response, anthropic_shape=path == "/v1/messages", secret=GEMINI_KEY)
     expected = {"throttling": (429, "rate_limit_error", "exhausted"),
                 "server": (502, "api_error", "internal error"),
                 "context_length": (400, "invalid_request_error",
@@ -325,9 +299,6 @@ async def test_repeated_throttling_cools_the_deployment_down(
     cooldown = await gateway.services.backends["counters"].execute(
         [("HGET", "tg:{rt:gemini-test}:cooldown", "gemini")])
     assert cooldown[0] is not None
-
-
-USD = 1_000_000_000
 
 
 @pytest.mark.parametrize("model", ["gemini-test", "vertex-test", "gemini-embed"])

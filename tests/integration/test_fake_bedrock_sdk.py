@@ -15,7 +15,7 @@ import orjson
 import pytest
 import trio
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, EventStreamError
 
 from triogate.testing.fakebedrock import open_fake_bedrock
 
@@ -151,7 +151,7 @@ async def test_errors_as_aws_sends_them(fake: FakeBedrock) -> None:
     assert bad["ResponseMetadata"]["HTTPStatusCode"] == 403
 
 
-async def test_stream_exceptions_reach_boto3(fake: FakeBedrock) -> None:
+async def test_a_conversation_must_start_with_the_user(fake: FakeBedrock) -> None:
     def run() -> Any:
         try:
             runtime(fake).converse(modelId=MODEL, messages=[
@@ -163,3 +163,23 @@ async def test_stream_exceptions_reach_boto3(fake: FakeBedrock) -> None:
     refused = await _in_thread(run)
     assert refused["Error"]["Code"] == "ValidationException"
     assert "alternate" in refused["Error"]["Message"]
+
+
+async def test_an_exception_mid_stream_reaches_boto3(fake: FakeBedrock) -> None:
+    fake.stream_exception_after = 3
+
+    def run() -> tuple[list[Any], Any]:
+        reply = runtime(fake).converse_stream(
+            modelId=MODEL, messages=[{"role": "user", "content": [{"text": "go on"}]}])
+        seen: list[Any] = []
+        try:
+            for event in reply["stream"]:
+                seen.append(event)
+        except EventStreamError as exc:
+            return seen, exc.response
+        raise AssertionError("no error")
+
+    seen, error = await _in_thread(run)
+    assert len(seen) == 3
+    assert error["Error"]["Code"] == "throttlingException"
+    assert "Too many tokens" in error["Error"]["Message"]

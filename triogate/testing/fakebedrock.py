@@ -145,6 +145,7 @@ class FakeBedrock:
         region: the region signatures must be scoped to.
         max_input_tokens: prompts above this are refused as too long (Bedrock's words).
         chunk_delay_s: pause between streamed events.
+        stream_exception, stream_exception_after: an exception message mid-stream.
         requests: (path, headers, json) of every request; verified: signatures checked.
     """
 
@@ -155,6 +156,9 @@ class FakeBedrock:
     region: str = "us-east-1"
     max_input_tokens: int = 100_000
     chunk_delay_s: float = 0.0
+    #: Streams end with this exception message after ``stream_exception_after`` events.
+    stream_exception: str = "throttlingException"
+    stream_exception_after: int | None = None
     record_requests: bool = True
     requests: list[tuple[str, dict[str, str], Any]] = attrs.Factory(list)
     verified: int = 0
@@ -306,6 +310,12 @@ class FakeBedrock:
             events.append(event("contentBlockStop", {"contentBlockIndex": index}))
         events.append(event("messageStop", {"stopReason": stop}))
         events.append(event("metadata", {"usage": usage, "metrics": {"latencyMs": 1}}))
+        if self.stream_exception_after is not None:
+            events = events[:self.stream_exception_after]
+            events.append(encode_message(
+                {":exception-type": self.stream_exception, ":content-type": "application/json",
+                 ":message-type": "exception"},
+                orjson.dumps({"message": "Too many tokens, please wait before trying again."})))
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
                 while (await receive())["type"] != "http.disconnect":
