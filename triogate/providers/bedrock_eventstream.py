@@ -70,11 +70,21 @@ def _headers(data: bytes) -> dict[str, Any]:
     return out
 
 
+#: Distinct header sections remembered per stream (a stream repeats a handful).
+_HEADER_CACHE = 32
+
+
 class EventStreamDecoder:
-    """Incremental decoder: ``feed`` bytes, get the messages they completed."""
+    """Incremental decoder: ``feed`` bytes, get the messages they completed.
+
+    A stream repeats the same few header sections (every text delta has the same three
+    headers), so each distinct section is parsed once per stream and shared: callers
+    must not change a message's ``headers``.
+    """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
+        self._parsed: dict[bytes, dict[str, Any]] = {}
 
     @property
     def pending(self) -> int:
@@ -105,10 +115,16 @@ class EventStreamDecoder:
             if zlib.crc32(buffer[start:end - 4]) != message_crc:
                 raise ProviderProtocolError("event-stream message CRC mismatch")
             head_end = start + _PRELUDE.size + headers_length
-            try:
-                headers = _headers(bytes(buffer[start + _PRELUDE.size:head_end]))
-            except (IndexError, UnicodeDecodeError, struct.error) as exc:
-                raise ProviderProtocolError(f"event-stream header is malformed: {exc}") from exc
+            raw = bytes(buffer[start + _PRELUDE.size:head_end])
+            headers = self._parsed.get(raw)
+            if headers is None:
+                try:
+                    headers = _headers(raw)
+                except (IndexError, UnicodeDecodeError, struct.error) as exc:
+                    raise ProviderProtocolError(
+                        f"event-stream header is malformed: {exc}") from exc
+                if len(self._parsed) < _HEADER_CACHE:
+                    self._parsed[raw] = headers
             out.append(EventMessage(headers, bytes(buffer[head_end:end - 4])))
             start = end
         del buffer[:start]

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from triogate.providers.records import Api
+    from triogate.providers.streaming import StreamTranslator
 
 _HUB = ChatHub()
 _DROPPED = ("stream", "stream_options", "model")
@@ -124,11 +125,40 @@ class ChatEventSource:
         return self._pending.popleft()
 
 
+class OwnChunks:
+    """Chat chunks to a chat client as they are: the source made them, none is shared,
+    so none is copied (as :class:`~triogate.providers.translate.ChatPassthrough` must);
+    a usage chunk at the end only if the upstream reported none."""
+
+    def __init__(self, *, created_s: int, model: Any) -> None:
+        self._created_s = created_s
+        self._model = model
+        self._id: Any = None
+        self._usage_seen = False
+
+    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        if "usage" in event:
+            self._usage_seen = True
+        self._id = event.get("id")
+        return [event]  # type: ignore[list-item]  # the source's own dict
+
+    def finish(self, usage: Usage) -> list[dict[str, Any]]:
+        if self._usage_seen:
+            return []
+        return [{"id": self._id or "chatcmpl-unknown", "object": "chat.completion.chunk",
+                 "created": self._created_s, "model": self._model, "choices": [],
+                 "usage": usage.to_chat()}]
+
+
 def chat_stream(
     api: Api, source: ChatEventSource, *, request: Mapping[str, Any], created_s: int
 ) -> TranslatedStream:
     """The client's stream over chat chunks (usage from the upstream's usage chunk)."""
     input_tokens = estimate_input_tokens(api, request)
-    translator = _HUB.translator(api, request=request, input_tokens=input_tokens,
-                                 created_s=created_s)
+    translator: StreamTranslator
+    if api == "chat":
+        translator = OwnChunks(created_s=created_s, model=request.get("model"))
+    else:
+        translator = _HUB.translator(api, request=request, input_tokens=input_tokens,
+                                     created_s=created_s)
     return TranslatedStream(source, ChatUsageTracker(input_tokens=input_tokens), translator)

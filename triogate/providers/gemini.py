@@ -21,7 +21,7 @@ from triogate.providers.cloud_errors import cloud_errors
 from triogate.providers.google_auth import GoogleTokens
 from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json
 from triogate.providers.records import Completion, Usage
-from triogate.providers.sse import SSESource
+from triogate.providers.sse_data import DataLineSource
 from triogate.providers.streaming import check_streamable
 from triogate.providers.tokens import estimate_input_tokens
 from triogate.providers.translate_gemini import (
@@ -140,7 +140,7 @@ class GeminiProvider:
                     self._client, url, headers=await self._headers(deployment), body=request,
                     timeout_s=deployment.stream_timeout_s))
             to_chat = GeminiToChat(created_s=created_s, model=deployment.upstream_model)
-            source = bridge.ChatEventSource(SSESource(response), to_chat)
+            source = bridge.ChatEventSource(DataLineSource(response), to_chat)
             yield bridge.chat_stream(api, source, request=body, created_s=created_s)
 
     async def _embed(self, body: Mapping[str, Any], deployment: Deployment) -> Completion:

@@ -217,6 +217,16 @@ class ConverseToChat:
         Raises:
             ProviderStatusError: an in-stream exception (throttling, validation, ...).
         """
+        block = event.get("contentBlockDelta")  # most events: first
+        if block is not None:
+            delta = block.get("delta") or {}
+            if isinstance(delta.get("text"), str):
+                return [self._delta({"content": delta["text"]})]
+            if "toolUse" in delta:
+                position = self._tool_of_block.get(block.get("contentBlockIndex", 0), 0)
+                return [self._delta({"tool_calls": [{"index": position, "function": {
+                    "arguments": delta["toolUse"].get("input", "")}}]})]
+            return []
         if "exception" in event:
             kind = str(event["exception"])
             status = EXCEPTION_STATUS.get(kind, 500)
@@ -234,16 +244,6 @@ class ConverseToChat:
             return [self._delta({"tool_calls": [{
                 "index": position, "id": use.get("toolUseId", ""), "type": "function",
                 "function": {"name": use.get("name", ""), "arguments": ""}}]})]
-        if "contentBlockDelta" in event:
-            block = event["contentBlockDelta"]
-            delta = block.get("delta") or {}
-            if isinstance(delta.get("text"), str):
-                return [self._delta({"content": delta["text"]})]
-            if "toolUse" in delta:
-                position = self._tool_of_block.get(block.get("contentBlockIndex", 0), 0)
-                return [self._delta({"tool_calls": [{"index": position, "function": {
-                    "arguments": delta["toolUse"].get("input", "")}}]})]
-            return []
         if "messageStop" in event:
             reason = str(event["messageStop"].get("stopReason"))
             return [self._delta({}, STOP_TO_FINISH.get(reason, "stop"))]

@@ -285,13 +285,13 @@ class GeminiToChat:
                 call = {"index": self._calls, **_call(part, self._calls)}
                 self._calls += 1
                 out.append(self._delta({"tool_calls": [call]}))
-        blocked = not event.get("candidates") and bool(
+        blocked = not parts and not event.get("candidates") and bool(
             (event.get("promptFeedback") or {}).get("blockReason"))
-        if reason is not None or blocked:
+        if reason is not None or blocked:  # usageMetadata is final with the finish
             out.append(self._delta({}, _finish(reason, self._calls > 0, blocked)))
-        usage = gemini_usage(event.get("usageMetadata"))
-        if usage is not None and (reason is not None or blocked):
-            out.append(self._chunk([], usage=usage.to_chat()))
+            usage = gemini_usage(event.get("usageMetadata"))
+            if usage is not None:
+                out.append(self._chunk([], usage=usage.to_chat()))
         return out
 
 
