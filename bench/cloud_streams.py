@@ -1,6 +1,7 @@
 """Per-chunk CPU of a streamed answer through each provider, side by side.
 
-    python bench/cloud_streams.py                 # prints a table; --out writes JSON
+    python bench/cloud_streams.py                 # the provider layer, in this process
+    python bench/cloud_streams.py --gateway       # the whole gateway, one worker
 
 Each provider's stream pipeline (upstream body -> parse -> translate -> the client's
 events, each encoded as the gateway writes it) is driven in this process against an
@@ -12,6 +13,13 @@ stream). Every stream answers ``--chunks`` content chunks of one word, or
 ``--base-chunks``; the CPU per chunk is the difference of the two runs over the
 difference in chunks (the request's fixed cost cancels out). The ratio column is each
 row against the OpenAI-compatible stream to the same client API.
+
+With ``--gateway`` the same three upstream bodies are served by a separate process
+(this script's ``--serve-upstream``, answering as many chunks as the request's token
+limit asks) to a gateway started with ``python -m triogate serve`` (one worker, Redis
+on loopback, master key: no governance), and the gateway process's CPU (user + system,
+psutil) is measured around ``--streams`` streamed chat completions read to the end by
+this process, for each upstream in turn.
 """
 
 from __future__ import annotations
@@ -133,6 +141,130 @@ async def run(kind: str, api: str, chunks: int, streams: int) -> tuple[float, in
         return time.process_time() - started, events
 
 
+# --------------------------------------------------------------------------- whole gateway
+
+
+def _chunks_asked(path: str, body: dict[str, Any]) -> tuple[str, int]:
+    if path.endswith("/chat/completions"):
+        return "openai", int(body.get("max_tokens") or 10)
+    if path.endswith(":streamGenerateContent"):
+        return "gemini", int((body.get("generationConfig") or {}).get("maxOutputTokens") or 10)
+    return "bedrock", int((body.get("inferenceConfig") or {}).get("maxTokens") or 10)
+
+
+async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """ASGI: a stream in the wire format the path names, of as many chunks as asked."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            kind = message["type"].removeprefix("lifespan.")
+            await send({"type": f"lifespan.{kind}.complete"})
+            if kind == "shutdown":
+                return
+    raw = b""
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    kind, chunks = _chunks_asked(scope["path"], orjson.loads(raw))
+    make, content_type = BODIES[kind]
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", content_type.encode())]})
+    for piece in make(chunks):  # one write each, as a model's tokens come
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def serve_upstream(port: int) -> None:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    trio.run(serve, upstream_app, config)
+
+
+def gateway_runs(a: argparse.Namespace) -> list[dict[str, Any]]:
+    import shutil
+    import tempfile
+
+    import load_procs as procs
+    import yaml
+
+    work = Path(tempfile.mkdtemp(prefix="tg-cloud-streams-"))
+    logs = work / "logs"
+    logs.mkdir()
+    redis, rport = procs.start_redis(logs)
+    uport = procs.free_port()
+    upstream = procs.Proc.start("upstream", [sys.executable, __file__, "--serve-upstream",
+                                             str(uport)], logs)
+    procs.wait_tcp(uport, upstream)
+    base = f"http://127.0.0.1:{uport}"
+    aws = {"aws_access_key_id": "AK", "aws_secret_access_key": "SK",
+           "aws_region_name": "us-east-1"}
+    models = [
+        {"model_name": "openai", "litellm_params": {"model": "openai/m", "api_key": "k",
+                                                    "api_base": f"{base}/v1"}},
+        {"model_name": "gemini", "litellm_params": {"model": "gemini/m", "api_key": "k",
+                                                    "api_base": f"{base}/v1beta"}},
+        {"model_name": "bedrock", "litellm_params": {"model": "bedrock/m", "api_base": base,
+                                                     **aws}},
+    ]
+    config = work / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_list": models, "general_settings": {"master_key": "sk-bench"},
+        "triogate": {"state_dir": str(work / "state"), "max_in_flight": 0}}))
+    gateway = None
+    rows = []
+    try:
+        gateway, url = procs.start_gateway(logs, config=config, workers=1,
+                                           redis_url=f"redis://127.0.0.1:{rport}",
+                                           name="gateway")
+        (worker,) = procs.gateway_workers(gateway, 1)
+        headers = {"authorization": "Bearer sk-bench"}
+        counter = 0
+
+        def streams(http: httpx.Client, model: str, chunks: int) -> float:
+            nonlocal counter
+            started = procs.cpu_s([worker])
+            for _ in range(a.streams):
+                counter += 1  # a new prompt each time: never a cached answer
+                body = {"model": model, "stream": True, "max_tokens": chunks,
+                        "messages": [{"role": "user", "content": f"go {counter}"}]}
+                with http.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                 headers=headers) as response:
+                    assert response.status_code == 200, response.read()
+                    for _ in response.iter_raw():
+                        pass
+            return procs.cpu_s([worker]) - started
+
+        with httpx.Client(timeout=60) as http:
+            for model in ("openai", "gemini", "bedrock"):
+                streams(http, model, 5)  # warm-up: connections, scripts
+            reference = None
+            for model in ("openai", "gemini", "bedrock"):
+                best = float("inf")
+                for _ in range(a.repeats):
+                    long_s = streams(http, model, a.chunks)
+                    short_s = streams(http, model, a.base_chunks)
+                    best = min(best, (long_s - short_s)
+                               / (a.streams * (a.chunks - a.base_chunks)))
+                reference = best if model == "openai" else reference
+                assert reference is not None
+                rows.append({"api": "chat (whole gateway)", "provider": model,
+                             "us_per_chunk": round(best * 1e6, 2),
+                             "ratio": round(best / reference, 2)})
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        upstream.stop()
+        redis.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--chunks", type=int, default=400)
@@ -140,9 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--gateway", action="store_true", help="measure the whole gateway")
+    p.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    rows = []
-    for api in ("chat", "messages"):
+    if a.serve_upstream is not None:
+        serve_upstream(a.serve_upstream)
+        return 0
+    rows = gateway_runs(a) if a.gateway else []
+    for api in () if a.gateway else ("chat", "messages"):
         reference = None
         for kind in ("openai", "gemini", "bedrock"):
             best = float("inf")
