@@ -36,9 +36,9 @@ import trio
 
 from triogate.config import parse_config
 from triogate.providers.bedrock import BedrockProvider
-from triogate.providers.bedrock_eventstream import encode_message
 from triogate.providers.gemini import GeminiProvider
 from triogate.providers.openai import OpenAIProvider
+from triogate.testing.fakebedrock import encode_message
 
 BODY = {"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "go"}]}
 

@@ -34,10 +34,11 @@ ALLOWED: dict[str, frozenset[str]] = {name: frozenset(deps) for name, deps in {
     "server": ("_watch",),  # the HTTP server: serves any ASGI app, nothing of the gateway
     "lua": (),
     "config_litellm": ("errors",),
-    "config": ("triogate", "errors", "config_litellm"),
+    "config_cloud": (),  # the cloud providers' settings (Bedrock, Gemini, Vertex AI)
+    "config": ("triogate", "errors", "config_cloud", "config_litellm"),
     "redis_server": ("errors",),
     "store": ("errors",),
-    "providers": ("_watch", "config", "errors"),
+    "providers": ("_watch", "config", "config_cloud", "errors"),
     "governance": ("batch", "config", "errors", "store"),
     "routing": ("batch", "config", "config_litellm", "errors", "governance"),
     "cache": ("batch", "config", "governance", "providers"),

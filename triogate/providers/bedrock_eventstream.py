@@ -9,21 +9,18 @@ and a header is ``name length (1) | name | value type (1) | value``. The decoder
 incremental (bytes in, whole messages out, a message split across any reads) and
 bounded: a message longer than :data:`MAX_MESSAGE_BYTES`, headers longer than
 :data:`MAX_HEADERS_BYTES` or a CRC mismatch is a protocol error, never an unbounded
-buffer. :func:`encode_message` is the other way (the fake Bedrock server's).
+buffer. (The fake Bedrock server, ``triogate.testing.fakebedrock``, has its own encoder.)
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from triogate.errors import ProviderProtocolError
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 #: Limits of one message (AWS's own: 16 MiB payloads, 128 KiB of headers).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 128 * 1024 + 16
@@ -135,18 +132,3 @@ class EventStreamDecoder:
         if self._buffer:
             raise ProviderProtocolError(
                 f"event stream ended inside a message ({len(self._buffer)} bytes)")
-
-
-def encode_message(headers: Mapping[str, str], payload: bytes) -> bytes:
-    """One message with string-valued ``headers`` (the encoder of the fake server)."""
-    parts = []
-    for name, value in headers.items():
-        raw_name, raw_value = name.encode(), value.encode()
-        parts.append(bytes([len(raw_name)]) + raw_name + b"\x07"
-                     + struct.pack(">H", len(raw_value)) + raw_value)
-    head = b"".join(parts)
-    total = _MIN_MESSAGE + len(head) + len(payload)
-    prelude = struct.pack(">II", total, len(head))
-    prelude += struct.pack(">I", zlib.crc32(prelude))
-    body = prelude + head + payload
-    return body + struct.pack(">I", zlib.crc32(body))

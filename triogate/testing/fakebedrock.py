@@ -26,7 +26,9 @@ import contextlib
 import datetime
 import hashlib
 import re
+import struct
 import sys
+import zlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -38,7 +40,6 @@ from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
 from botocore.credentials import Credentials  # type: ignore[import-untyped]
 from hypercorn.trio import serve
 
-from triogate.providers.bedrock_eventstream import encode_message
 from triogate.testing.fakeupstream import _config, _embedding, _text_pieces, make_reply
 
 if TYPE_CHECKING:
@@ -78,6 +79,19 @@ class AwsError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+def encode_message(headers: dict[str, str], payload: bytes) -> bytes:
+    """One event-stream message with string ``headers`` (AWS's framing: prelude with its
+    CRC32, headers of value type 7, payload, message CRC32)."""
+    head = b""
+    for name, value in headers.items():
+        raw_name, raw_value = name.encode(), value.encode()
+        head += (bytes([len(raw_name)]) + raw_name + b"\x07"
+                 + struct.pack(">H", len(raw_value)) + raw_value)
+    prelude = struct.pack(">II", 16 + len(head) + len(payload), len(head))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + head + payload
+    return message + struct.pack(">I", zlib.crc32(message))
 
 
 def _invalid(message: str) -> AwsError:

@@ -22,8 +22,9 @@ from triogate.errors import ProviderProtocolError
 from triogate.providers import bedrock_eventstream as es
 from triogate.providers.sigv4 import AwsCredentials, sign
 from triogate.providers.sse_data import DataLineSource
+from triogate.testing.fakebedrock import encode_message
 
-MESSAGES = [es.encode_message({":event-type": "contentBlockDelta", ":message-type": "event"},
+MESSAGES = [encode_message({":event-type": "contentBlockDelta", ":message-type": "event"},
                               orjson.dumps({"delta": {"text": f" w{i}"}})) for i in range(5)]
 
 

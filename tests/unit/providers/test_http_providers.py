@@ -449,9 +449,11 @@ async def test_build_providers_owns_one_client_per_kind() -> None:
     from triogate.providers.transport import UpstreamTransport
 
     async with build_providers(parse_config({}), max_connections=50) as providers:
-        assert set(providers) == {"openai", "anthropic", "mock"}
-        clients = [providers[k]._client for k in ("openai", "anthropic")]
-        assert clients[0] is not clients[1]
+        assert set(providers) == {"openai", "anthropic", "mock", "gemini", "vertex_ai",
+                                  "bedrock"}
+        clients = [providers[k]._client for k in ("openai", "anthropic", "gemini", "bedrock")]
+        assert len({id(c) for c in clients}) == 4
+        assert providers["vertex_ai"]._client is providers["gemini"]._client  # type: ignore[attr-defined]
         assert all(not c.is_closed for c in clients)
         pool = clients[0]._transport
         assert isinstance(pool, UpstreamTransport)
