@@ -8,6 +8,7 @@ import pytest
 
 from triogate.config import parse_config
 from triogate.errors import ConfigError
+from triogate.routing.models import table_price
 
 
 def load(params: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
@@ -62,3 +63,13 @@ def test_an_incomplete_cloud_deployment_is_refused_at_load(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load(params)
+
+
+@pytest.mark.parametrize("model", [
+    "gemini-2.0-flash", "gemini-1.5-pro", "gemini-2.5-flash", "text-embedding-004",
+    "text-embedding-005", "anthropic.claude-3-5-sonnet-20240620-v1:0",
+    "meta.llama3-1-70b-instruct-v1:0", "amazon.titan-embed-text-v2:0",
+    "cohere.embed-english-v3"])
+def test_the_cloud_models_named_in_tests_and_docs_have_list_prices(model: str) -> None:
+    price = table_price(model)
+    assert price.input_usd_per_token > 0

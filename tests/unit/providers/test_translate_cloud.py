@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from triogate.errors import ProviderStatusError, TranslationError
+from triogate.providers.params import drop_unsupported
 from triogate.providers.records import Usage
 from triogate.providers.translate_bedrock import (
     ConverseToChat,
@@ -171,3 +172,14 @@ def test_embedding_families(model: str, family: str) -> None:
     assert embedding_family(model) == family
     with pytest.raises(TranslationError):
         embedding_family("anthropic.claude-3-haiku-20240307-v1:0")
+
+
+@pytest.mark.parametrize("provider", ["gemini", "vertex_ai", "bedrock"])
+def test_drop_params_leaves_out_what_the_cloud_models_cannot_take(provider: str) -> None:
+    body = {"n": 2, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "input_audio", "input_audio": {}}]}]}
+    with pytest.raises(TranslationError):
+        chat_to_converse_request(body) if provider == "bedrock" else chat_to_gemini_request(body)
+    kept = drop_unsupported("chat", body, provider)
+    assert "n" not in kept and kept["messages"][0]["content"] == [{"type": "text", "text": "hi"}]
+    chat_to_converse_request(kept) if provider == "bedrock" else chat_to_gemini_request(kept)
