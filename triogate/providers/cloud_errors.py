@@ -43,19 +43,27 @@ def message_of(body: str) -> str:
 
 
 def normalised(error: ProviderStatusError) -> ProviderStatusError:
-    """``error`` with its status and body as the gateway's other providers give them."""
+    """``error`` with its status and body as the gateway's other providers give them: the
+    body always ``{"error": {"message": ...}}`` (AWS sends ``{"message": ...}``)."""
     text = error.body.lower()
     message = message_of(error.body)
-    if error.status in (400, 403) and any(m in text for m in _AUTH_MARKERS):
-        return ProviderStatusError(401, error.body, message=str(error))
-    if error.status in (400, 413) and any(m in text for m in _CONTEXT_MARKERS):
-        body = {"error": {"message": message, "type": "invalid_request_error",
-                          "param": "messages", "code": "context_length_exceeded"}}
-        return ProviderStatusError(400, orjson.dumps(body), message=str(error))
-    if "error" not in text[:20] or "message" not in text:
-        body = {"error": {"message": message, "type": "upstream_error"}}
-        return ProviderStatusError(error.status, orjson.dumps(body), message=str(error))
-    return error
+    status, code = error.status, None
+    if status in (400, 403) and any(m in text for m in _AUTH_MARKERS):
+        status = 401
+    elif status in (400, 413) and any(m in text for m in _CONTEXT_MARKERS):
+        status, code = 400, "context_length_exceeded"
+    try:
+        parsed = orjson.loads(error.body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    shaped = isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+    if status == error.status and code is None and shaped:
+        return error
+    body: dict[str, object] = {"message": message, "type": "invalid_request_error"
+                               if 400 <= status < 500 else "upstream_error"}
+    if code is not None:
+        body.update(param="messages", code=code)
+    return ProviderStatusError(status, orjson.dumps({"error": body}), message=str(error))
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from triogate.errors import ProviderStatusError, TranslationError
+from triogate.providers.cloud_errors import normalised
 from triogate.providers.params import drop_unsupported
 from triogate.providers.records import Usage
 from triogate.providers.translate_bedrock import (
@@ -21,6 +22,7 @@ from triogate.providers.translate_gemini import (
     gemini_to_chat_response,
     gemini_usage,
 )
+from triogate.routing.retries import is_context_window_error
 
 TOOL = {"type": "function", "function": {"name": "lookup", "description": "Find",
                                          "parameters": {"type": "object"}}}
@@ -183,3 +185,19 @@ def test_drop_params_leaves_out_what_the_cloud_models_cannot_take(provider: str)
     kept = drop_unsupported("chat", body, provider)
     assert "n" not in kept and kept["messages"][0]["content"] == [{"type": "text", "text": "hi"}]
     chat_to_converse_request(kept) if provider == "bedrock" else chat_to_gemini_request(kept)
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), [
+    (400, '{"error": {"code": 400, "message": "The input token count (9) exceeds the maximum '
+          'number of tokens allowed (5).", "status": "INVALID_ARGUMENT"}}', 400),
+    (400, '{"message": "Input is too long for requested model."}', 400),
+    (400, '{"error": {"code": 400, "message": "API key not valid. Please pass a valid API '
+          'key.", "status": "INVALID_ARGUMENT"}}', 401),
+    (403, '{"message": "The request signature we calculated does not match"}', 401),
+    (429, '{"message": "Too many requests, please wait before trying again."}', 429),
+])
+def test_cloud_errors_are_normalised(status: int, body: str, expected: int) -> None:
+    error = normalised(ProviderStatusError(status, body))
+    assert error.status == expected
+    assert is_context_window_error(error) == ("too long" in body or "exceeds" in body)
+    assert "message" in orjson.loads(error.body).get("error", {})
