@@ -1,5 +1,7 @@
 """Amazon Bedrock (``bedrock/<model id>``, ``bedrock/converse/<model id>``) as an upstream.
 
+(``bedrock/invoke/<model id>`` is accepted too and goes through Converse as well.)
+
 Chat, messages and Responses API requests go through Converse (``/model/{id}/converse``)
 and ConverseStream (``/converse-stream``, AWS's binary event stream); embeddings through
 InvokeModel for Titan and Cohere models. Every request is signed with SigV4
@@ -106,7 +108,12 @@ class EventStreamSource:
 
 
 def _model_id(deployment: Deployment) -> str:
-    return deployment.upstream_model.removeprefix("converse/")
+    """The model id (or ARN) without LiteLLM's route prefix: ``converse/`` and
+    ``invoke/`` models are both called through Converse here."""
+    model = deployment.upstream_model
+    for prefix in ("converse/", "invoke/"):
+        model = model.removeprefix(prefix)
+    return model
 
 
 class BedrockProvider:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from triogate.config import parse_config
 from triogate.errors import ProviderStatusError, TranslationError
+from triogate.providers.bedrock import BedrockProvider
 from triogate.providers.cloud_errors import normalised
 from triogate.providers.params import drop_unsupported
 from triogate.providers.records import Usage
@@ -201,3 +203,21 @@ def test_cloud_errors_are_normalised(status: int, body: str, expected: int) -> N
     assert error.status == expected
     assert is_context_window_error(error) == ("too long" in body or "exceeds" in body)
     assert "message" in orjson.loads(error.body).get("error", {})
+
+
+@pytest.mark.parametrize(("model", "path"), [
+    ("bedrock/anthropic.claude-3-haiku-20240307-v1:0",
+     "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse"),
+    ("bedrock/converse/us.meta.llama3-2-1b-instruct-v1:0",
+     "/model/us.meta.llama3-2-1b-instruct-v1%3A0/converse"),
+    ("bedrock/invoke/anthropic.claude-3-haiku-20240307-v1:0",
+     "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse"),
+    ("bedrock/arn:aws:bedrock:us-east-1:1:inference-profile/x",
+     "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Ainference-profile%2Fx/converse"),
+])
+def test_bedrock_model_routes(model: str, path: str) -> None:
+    config = parse_config({"model_list": [{"model_name": "m", "litellm_params": {
+        "model": model, "aws_region_name": "eu-west-1", "aws_access_key_id": "a",
+        "aws_secret_access_key": "s"}}]})
+    url = BedrockProvider._url(config.deployments[0], "converse")
+    assert url == f"https://bedrock-runtime.eu-west-1.amazonaws.com{path}"
