@@ -178,6 +178,7 @@ async def test_chat_stream_tool_call(gateway: Gateway) -> None:
     arguments = "".join(t.function.arguments or "" for t in calls)
     assert orjson.loads(arguments) == {"query": "weather in Oslo"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert all(c.usage is None for c in chunks)  # not asked for: the usage chunk is held
 
 
 async def test_chat_image_reaches_gemini_inline(gateway: Gateway, fake: FakeGemini) -> None:
