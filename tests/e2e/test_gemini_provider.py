@@ -42,6 +42,9 @@ def cloud_models(fake: FakeGemini, credentials: str) -> list[dict[str, Any]]:
         {"model_name": "gemini-test", "litellm_params": {
             "model": "gemini/gemini-2.0-flash", "api_base": f"{fake.base_url}/v1beta",
             "api_key": GEMINI_KEY, **PRICE}, "model_info": {"id": "gemini"}},
+        {"model_name": "gemini3-test", "litellm_params": {  # a thinking model
+            "model": "gemini/gemini-3-pro-preview", "api_base": fake.base_url,
+            "api_key": GEMINI_KEY, **PRICE}, "model_info": {"id": "gemini3"}},
         {"model_name": "vertex-test", "litellm_params": {
             "model": "vertex_ai/gemini-1.5-pro", "api_base": fake.base_url,
             "vertex_project": "test-project", "vertex_location": "europe-west4",
@@ -140,14 +143,15 @@ async def test_chat_stream_with_usage(gateway: Gateway, fake: FakeGemini, model:
     assert row.output_tokens == len(text.split())
 
 
+@pytest.mark.parametrize("model", ["gemini-test", "gemini3-test"])
 async def test_chat_tool_call_and_its_result_round_trip(
-    gateway: Gateway, fake: FakeGemini
+    gateway: Gateway, fake: FakeGemini, model: str
 ) -> None:
     client = oai(gateway)
     question = {"role": "user", "content": "weather in Paris"}
     with trio.fail_after(20):
         reply = await client.chat.completions.create(
-            model="gemini-test", messages=[question], tools=[TOOL], tool_choice="required")
+            model=model, messages=[question], tools=[TOOL], tool_choice="required")
     (call,) = reply.choices[0].message.tool_calls or []
     assert reply.choices[0].finish_reason == "tool_calls"
     assert call.function.name == "get_weather"
@@ -156,7 +160,7 @@ async def test_chat_tool_call_and_its_result_round_trip(
     assert declared["parametersJsonSchema"] == TOOL["function"]["parameters"]  # type: ignore[index]
     with trio.fail_after(20):
         answer = await client.chat.completions.create(
-            model="gemini-test", tools=[TOOL],
+            model=model, tools=[TOOL],
             messages=[question, reply.choices[0].message.model_dump(exclude_none=True),
                       {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'}])
     assert answer.choices[0].message.content
@@ -164,6 +168,8 @@ async def test_chat_tool_call_and_its_result_round_trip(
     assert [t["role"] for t in turns] == ["user", "model", "user"]
     assert turns[2]["parts"][0]["functionResponse"] == {
         "name": "get_weather", "response": {"temp_c": 21}}
+    # The call's thought signature went back with it (a thinking model refuses it without).
+    assert turns[1]["parts"][0]["thoughtSignature"]
 
 
 async def test_chat_stream_tool_call(gateway: Gateway) -> None:

@@ -137,9 +137,13 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
                 names[str(call.get("id", ""))] = str(function.get("name", ""))
-                parts.append({"functionCall": {
+                part: dict[str, Any] = {"functionCall": {
                     "name": function.get("name", ""),
-                    "args": _arguments_object(function.get("arguments"))}})
+                    "args": _arguments_object(function.get("arguments"))}}
+                _, mark, signature = str(call.get("id", "")).partition(SIGNATURE_MARK)
+                if mark and signature:
+                    part["thoughtSignature"] = signature
+                parts.append(part)
             _append(turns, "model", parts)
         elif role == "tool":
             call_id = str(message.get("tool_call_id", ""))
@@ -193,10 +197,19 @@ def _candidate_parts(response: Mapping[str, Any]) -> tuple[Any, list[dict[str, A
     return candidate.get("finishReason"), (candidate.get("content") or {}).get("parts") or []
 
 
+#: Joins a tool call's id and the thought signature Gemini gave its functionCall part:
+#: the client sends the id back with the call's result, and the signature goes back to
+#: Gemini with the call (thinking models refuse a replayed call without it).
+SIGNATURE_MARK = "__thought__"
+
+
 def _call(part: Mapping[str, Any], position: int) -> dict[str, Any]:
     fc = part["functionCall"]
     args = fc.get("args") or {}
-    return {"id": fc.get("id") or call_id(fc.get("name", ""), args, position),
+    ident = fc.get("id") or call_id(fc.get("name", ""), args, position)
+    if part.get("thoughtSignature"):
+        ident = f"{ident}{SIGNATURE_MARK}{part['thoughtSignature']}"
+    return {"id": ident,
             "type": "function",
             "function": {"name": fc.get("name", ""), "arguments": orjson.dumps(args).decode()}}
 

@@ -5,7 +5,9 @@ Written from the public REST reference (``generateContent``, ``streamGenerateCon
 models and ``predict``; the OAuth 2.0 JWT bearer grant at ``/token``), and checked against
 the ``google-genai`` SDK by the tests. Like the real API it refuses unknown fields and
 malformed parts with ``400 INVALID_ARGUMENT``, so a translation mistake is an error here
-too. Replies are :func:`~triogate.testing.fakeupstream.make_reply`'s (counted in words).
+too; function calls carry a ``thoughtSignature``, which ``gemini-3…`` models require back
+when the call is replayed. Replies are
+:func:`~triogate.testing.fakeupstream.make_reply`'s (counted in words).
 
 In tests::
 
@@ -100,7 +102,7 @@ def _invalid(message: str) -> HTTPError:
     return HTTPError(400, message)
 
 
-def _check_parts(parts: Any, where: str) -> None:
+def _check_parts(parts: Any, where: str, *, thinking: bool = False) -> None:
     if not isinstance(parts, list) or not parts:
         raise _invalid(f"{where}.parts: must contain at least one part")
     for i, part in enumerate(parts):
@@ -123,13 +125,18 @@ def _check_parts(parts: Any, where: str) -> None:
                 raise _invalid(f"{where}.parts[{i}].inlineData.data: not base64") from None
         if "functionCall" in part and not (part["functionCall"] or {}).get("name"):
             raise _invalid(f"{where}.parts[{i}].functionCall.name: required")
+        if "functionCall" in part and thinking and not part.get("thoughtSignature"):
+            raise _invalid(f"Function call is missing a thought_signature in functionCall "
+                           f"parts. This is required for tools to work correctly. "
+                           f"{where}.parts[{i}]")
         if "functionResponse" in part and not isinstance(
                 (part["functionResponse"] or {}).get("response"), dict):
             raise _invalid(f"{where}.parts[{i}].functionResponse.response: must be an object")
 
 
-def check_request(body: dict[str, Any]) -> None:
-    """What generateContent checks of a request (its field names and shapes)."""
+def check_request(body: dict[str, Any], *, thinking: bool = False) -> None:
+    """What generateContent checks of a request (its field names and shapes); a
+    ``thinking`` model also wants each replayed function call's thought signature."""
     unknown = set(body) - _REQUEST_FIELDS
     if unknown:
         raise _invalid(f'Invalid JSON payload received. Unknown name "{min(unknown)}": '
@@ -140,7 +147,8 @@ def check_request(body: dict[str, Any]) -> None:
     for i, content in enumerate(contents):
         if not isinstance(content, dict) or content.get("role", "user") not in ("user", "model"):
             raise _invalid(f"contents[{i}].role: Please use a valid role: user, model.")
-        _check_parts(content.get("parts"), f"contents[{i}]")
+        _check_parts(content.get("parts"), f"contents[{i}]",
+                     thinking=thinking and content.get("role") == "model")
     if "systemInstruction" in body:
         _check_parts((body["systemInstruction"] or {}).get("parts"), "systemInstruction")
     config = body.get("generationConfig") or {}
@@ -270,7 +278,7 @@ class FakeGemini:
             status, message = self._failures.popleft()
             raise HTTPError(status, message)
         if method in ("generateContent", "streamGenerateContent"):
-            check_request(body)
+            check_request(body, thinking=model.startswith("gemini-3"))
             stream = method == "streamGenerateContent"
             if stream and query.get("alt") != "sse":
                 raise _invalid("this fake streams only with alt=sse")
@@ -329,8 +337,10 @@ class FakeGemini:
         ident = hashlib.sha256(orjson.dumps(body)).hexdigest()[:20]
         parts: list[dict[str, Any]] = []
         if reply.tool_call is not None:
+            signature = base64.b64encode(hashlib.sha256(reply.tool_call[2].encode()).digest())
             parts.append({"functionCall": {"name": reply.tool_call[1],
-                                           "args": orjson.loads(reply.tool_call[2])}})
+                                           "args": orjson.loads(reply.tool_call[2])},
+                          "thoughtSignature": signature.decode()})
         elif reply.text:
             parts.append({"text": reply.text})
 

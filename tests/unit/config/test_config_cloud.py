@@ -66,7 +66,8 @@ def test_an_incomplete_cloud_deployment_is_refused_at_load(
 
 
 @pytest.mark.parametrize("model", [
-    "gemini-2.0-flash", "gemini-1.5-pro", "gemini-2.5-flash", "text-embedding-004",
+    "gemini-2.0-flash", "gemini-1.5-pro", "gemini-2.5-flash", "gemini-3-pro-preview",
+    "text-embedding-004",
     "text-embedding-005", "anthropic.claude-3-5-sonnet-20240620-v1:0",
     "meta.llama3-1-70b-instruct-v1:0", "amazon.titan-embed-text-v2:0",
     "cohere.embed-english-v3"])
