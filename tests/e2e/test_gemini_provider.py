@@ -19,6 +19,7 @@ from tests.e2e.conftest import (
     MASTER_KEY,
     running_gateway,
     spend_rows,
+    streamed,
     traced_waits,
 )
 from triogate.testing.fakegemini import open_fake_gemini
@@ -287,6 +288,19 @@ async def test_upstream_errors_in_the_clients_shape(
                 "auth": (502, "api_error", "credentials")}[kind]
     assert (response.status_code, error["type"]) == expected[:2]
     assert expected[2] in error["message"]
+
+
+async def test_an_error_mid_stream_ends_the_stream_with_an_error(
+    gateway: Gateway, fake: FakeGemini
+) -> None:
+    fake.stream_error_after = 3
+    raw = await streamed(f"{gateway.openai_base}/chat/completions", {
+        "model": "gemini-test", "stream": True,
+        "messages": [{"role": "user", "content": "a long enough prompt to stream"}]})
+    assert raw.count(b'"content"') >= 3  # what came before the error went on
+    assert b'"error"' in raw and b"upstream rate limit" in raw
+    (row,) = await spend_rows(gateway, 1)
+    assert row.status != "success"
 
 
 async def test_repeated_throttling_cools_the_deployment_down(

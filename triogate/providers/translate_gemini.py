@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from triogate.errors import TranslationError
+from triogate.errors import ProviderStatusError, TranslationError
 from triogate.providers.records import Usage
 from triogate.providers.translate_chat_messages import _arguments_object, _text_of
 
@@ -280,9 +280,16 @@ class GeminiToChat:
                              "logprobs": None}])
 
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One upstream event's chunks (an ``error`` object goes on as it is)."""
+        """One upstream event's chunks.
+
+        Raises:
+            ProviderStatusError: an ``error`` object in the stream, with its ``code``.
+        """
         if "error" in event and "candidates" not in event:
-            return [dict(event)]
+            error = event["error"] if isinstance(event["error"], dict) else {}
+            code = error.get("code")
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            raise ProviderStatusError(status, orjson.dumps(dict(event)))
         out: list[dict[str, Any]] = []
         if not self._started:
             self._started = True

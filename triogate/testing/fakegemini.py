@@ -185,6 +185,7 @@ class FakeGemini:
         max_input_tokens: prompts above this are refused as too long (the real message).
         token_lifetime_s: ``expires_in`` of the access tokens ``/token`` issues.
         chunk_delay_s: pause between streamed chunks.
+        stream_error_after: cut streams with an ``error`` event after this many chunks.
         requests: every request, in order; token_requests: how many hit ``/token``.
     """
 
@@ -193,6 +194,8 @@ class FakeGemini:
     max_input_tokens: int = 100_000
     token_lifetime_s: int = 3600
     chunk_delay_s: float = 0.0
+    #: Streams end with a 429 error event after this many chunks (as Google sends one).
+    stream_error_after: int | None = None
     record_requests: bool = True
     requests: list[ReceivedRequest] = attrs.Factory(list)
     token_requests: int = 0
@@ -362,6 +365,10 @@ class FakeGemini:
         so_far = {"promptTokenCount": reply.input_tokens, "totalTokenCount": reply.input_tokens}
         events = [response(piece, None, so_far) for piece in pieces[:-1]]
         events.append(response(pieces[-1] if pieces else [{"text": ""}], finish, usage))
+        if self.stream_error_after is not None:
+            events = events[:self.stream_error_after]
+            events.append({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+                                     "message": "Resource has been exhausted."}})
         await _stream(send, receive, [b"data: " + orjson.dumps(e) + b"\r\n\r\n" for e in events],
                       self.chunk_delay_s)
 

@@ -221,3 +221,11 @@ def test_bedrock_model_routes(model: str, path: str) -> None:
         "aws_secret_access_key": "s"}}]})
     url = BedrockProvider._url(config.deployments[0], "converse")
     assert url == f"https://bedrock-runtime.eu-west-1.amazonaws.com{path}"
+
+
+def test_an_error_in_a_gemini_stream_keeps_its_status() -> None:
+    to_chat = GeminiToChat(created_s=0, model="g")
+    with pytest.raises(ProviderStatusError) as caught:
+        to_chat.feed({"error": {"code": 429, "message": "Resource has been exhausted",
+                                "status": "RESOURCE_EXHAUSTED"}})
+    assert caught.value.status == 429 and "exhausted" in caught.value.body
