@@ -84,15 +84,25 @@ class LitellmParams:
     #: LiteLLM's per-deployment ``drop_params``: drop what this provider cannot take.
     drop_params: bool | None = None
     # Cloud providers (bedrock/, gemini/, vertex_ai/): see config_cloud.CloudParams.
+    #: Bedrock: the AWS access key id (default ``AWS_ACCESS_KEY_ID``).
     aws_access_key_id: str | None = None
+    #: Bedrock: the AWS secret access key (default ``AWS_SECRET_ACCESS_KEY``).
     aws_secret_access_key: str | None = attrs.field(default=None, repr=False)
+    #: Bedrock: the session token of temporary credentials (``AWS_SESSION_TOKEN``).
     aws_session_token: str | None = attrs.field(default=None, repr=False)
+    #: Bedrock: the AWS region (``AWS_REGION_NAME``, ``AWS_REGION``, ``AWS_DEFAULT_REGION``).
     aws_region_name: str | None = None
+    #: Vertex AI: the Google Cloud project (``VERTEXAI_PROJECT``, ``GOOGLE_CLOUD_PROJECT``).
     vertex_project: str | None = None
+    #: Vertex AI: the region (``VERTEXAI_LOCATION``; default us-central1).
     vertex_location: str | None = None
-    vertex_credentials: Any = attrs.field(  # a JSON text or mapping, or a file's path
+    #: Vertex AI: a service-account JSON: its file's path, its text or a mapping
+    #: (``GOOGLE_APPLICATION_CREDENTIALS``).
+    vertex_credentials: Any = attrs.field(
         default=None, repr=False,
         validator=_optional(attrs.validators.instance_of((str, dict))))
+    #: Vertex AI: where the service account's JWT is exchanged for an access token
+    #: (default: the credentials' ``token_uri``, else Google's).
     vertex_token_url: str | None = None
 
 
