@@ -44,3 +44,32 @@ def error_of(response: httpx.Response, *, anthropic_shape: bool, secret: str
     assert secret and "Traceback" not in response.text and secret not in response.text
     error: dict[str, Any] = payload["error"]
     return error
+
+
+async def streamed_tool_calls(gateway_url: str, model: str) -> None:
+    """A messages stream and a responses stream that each end in a tool call, through
+    the anthropic and openai SDKs: the tool's name and arguments arrive whole."""
+    import anthropic
+    import openai
+    import trio
+
+    client = anthropic.AsyncAnthropic(base_url=gateway_url, api_key=MASTER_KEY, max_retries=0)
+    schema = TOOL["function"]["parameters"]  # type: ignore[index]
+    with trio.fail_after(30):
+        async with client.messages.stream(
+            model=model, max_tokens=64, tool_choice={"type": "any"},
+            tools=[{"name": "get_weather", "input_schema": schema}],
+            messages=[{"role": "user", "content": "weather in Bern"}]) as stream:
+            final = await stream.get_final_message()
+        responses = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=MASTER_KEY,
+                                       max_retries=0).responses
+        events = [e async for e in await responses.create(
+            model=model, input="weather in Kyiv", stream=True, tool_choice="required",
+            tools=[{"type": "function", "name": "get_weather", "parameters": schema}])]
+    assert final.stop_reason == "tool_use"
+    (block,) = [b for b in final.content if b.type == "tool_use"]
+    assert block.name == "get_weather" and block.input == {"query": "weather in Bern"}
+    done = events[-1]
+    assert done.type == "response.completed"
+    (call,) = [item for item in done.response.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.arguments == '{"query":"weather in Kyiv"}'

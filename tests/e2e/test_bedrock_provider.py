@@ -13,7 +13,7 @@ import orjson
 import pytest
 import trio
 
-from tests.e2e.cloud import PNG_B64, TOOL, USD, cloud_config, error_of
+from tests.e2e.cloud import PNG_B64, TOOL, USD, cloud_config, error_of, streamed_tool_calls
 from tests.e2e.conftest import (
     MASTER_HEADERS,
     MASTER_KEY,
@@ -322,3 +322,7 @@ async def test_a_governed_request_waits_on_redis_once_before_and_once_after(
             summary = await traced_waits(gateway, response)
             if i:
                 assert (summary.waits_before, summary.waits_after) == (1, 1), path
+
+
+async def test_messages_and_responses_streams_with_a_tool_call(gateway: Gateway) -> None:
+    await streamed_tool_calls(gateway.url, "bedrock-claude")

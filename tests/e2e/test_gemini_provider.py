@@ -13,7 +13,7 @@ import orjson
 import pytest
 import trio
 
-from tests.e2e.cloud import PNG_B64, TOOL, USD, cloud_config, error_of
+from tests.e2e.cloud import PNG_B64, TOOL, USD, cloud_config, error_of, streamed_tool_calls
 from tests.e2e.conftest import (
     MASTER_HEADERS,
     MASTER_KEY,
@@ -350,3 +350,10 @@ async def test_a_governed_request_waits_on_redis_once_before_and_once_after(
 
 def test_png_fixture_is_an_image() -> None:
     assert base64.b64decode(PNG_B64).startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("model", ["gemini-test", "vertex-test"])
+async def test_messages_and_responses_streams_with_a_tool_call(
+    gateway: Gateway, model: str
+) -> None:
+    await streamed_tool_calls(gateway.url, model)
