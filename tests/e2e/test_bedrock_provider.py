@@ -326,3 +326,20 @@ async def test_a_governed_request_waits_on_redis_once_before_and_once_after(
 
 async def test_messages_and_responses_streams_with_a_tool_call(gateway: Gateway) -> None:
     await streamed_tool_calls(gateway.url, "bedrock-claude")
+
+
+@pytest.mark.parametrize(("path", "body", "words"), [
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
+     "base64 data URLs"),
+    ("/v1/chat/completions", {**CHAT, "n": 2}, "n > 1"),
+    ("/v1/embeddings", {"model": "titan-embed", "input": [[1, 2, 3]]}, "string"),
+])
+async def test_what_bedrock_cannot_take_is_a_400_before_any_call(
+    gateway: Gateway, fake: FakeBedrock, path: str, body: dict[str, Any], words: str
+) -> None:
+    response = await _post(gateway, path, body)
+    assert response.status_code == 400, response.text
+    error = error_of(response, anthropic_shape=False, secret=fake.secret_access_key)
+    assert error["type"] == "invalid_request_error" and words in error["message"]
+    assert fake.requests == []  # refused before anything was sent
