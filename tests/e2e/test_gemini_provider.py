@@ -50,6 +50,10 @@ def cloud_models(fake: FakeGemini, credentials: str) -> list[dict[str, Any]]:
             "model": "vertex_ai/gemini-1.5-pro", "api_base": fake.base_url,
             "vertex_project": "test-project", "vertex_location": "europe-west4",
             "vertex_credentials": credentials, **PRICE}, "model_info": {"id": "vertex"}},
+        {"model_name": "vertex-claude", "litellm_params": {
+            "model": "vertex_ai/claude-3-5-sonnet-v2@20241022", "api_base": fake.base_url,
+            "vertex_project": "test-project", "vertex_location": "us-east5",
+            "vertex_credentials": credentials, **PRICE}, "model_info": {"id": "vertex-claude"}},
         {"model_name": "gemini-embed", "litellm_params": {
             "model": "gemini/text-embedding-004", "api_base": f"{fake.base_url}/v1beta",
             "api_key": GEMINI_KEY, "input_cost_per_token": "0.0000001"},
@@ -357,3 +361,36 @@ async def test_messages_and_responses_streams_with_a_tool_call(
     gateway: Gateway, model: str
 ) -> None:
     await streamed_tool_calls(gateway.url, model)
+
+
+async def test_claude_on_vertex_speaks_the_messages_api(
+    gateway: Gateway, fake: FakeGemini
+) -> None:
+    model = "claude-3-5-sonnet-v2@20241022"
+    with trio.fail_after(30):
+        reply = await oai(gateway).chat.completions.create(
+            model="vertex-claude", max_tokens=40,
+            messages=[{"role": "user", "content": "hello claude"}])
+        sent = fake.requests[-1]
+        stream = await oai(gateway).chat.completions.create(
+            model="vertex-claude", stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "stream claude"}])
+        chunks = [c async for c in stream]
+        async with claude(gateway).messages.stream(
+            model="vertex-claude", max_tokens=64, tool_choice={"type": "any"},
+            tools=[{"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}],  # type: ignore[index]
+            messages=[{"role": "user", "content": "weather in Lyon"}]) as messages:
+            final = await messages.get_final_message()
+    assert reply.choices[0].message.content == f"Fake reply from {model}. You said: hello claude"
+    assert sent.path == ("/v1/projects/test-project/locations/us-east5/publishers/anthropic/"
+                         f"models/{model}:rawPredict")
+    assert sent.json["anthropic_version"] == "vertex-2023-10-16" and "model" not in sent.json
+    assert sent.headers["authorization"].startswith("Bearer ya29.fake-")
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.endswith("You said: stream claude")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert fake.requests[-2].path.endswith(":streamRawPredict")
+    (block,) = [b for b in final.content if b.type == "tool_use"]
+    assert block.name == "get_weather" and block.input == {"query": "weather in Lyon"}
+    rows = await spend_rows(gateway, 3)
+    assert all(r.upstream_model == model and r.output_tokens > 0 for r in rows)

@@ -4,7 +4,8 @@ Both speak generateContent: the request is translated chat -> Gemini, the answer
 chat (:mod:`.translate_gemini`) and on to the client's API (:mod:`.bridge`). Streams are
 ``streamGenerateContent?alt=sse``. Embeddings are ``embedContent`` /
 ``batchEmbedContents`` on the Gemini API and ``predict`` on Vertex AI. Vertex AI's bearer
-token comes from :class:`~triogate.providers.google_auth.GoogleTokens` (cached).
+token comes from :class:`~triogate.providers.google_auth.GoogleTokens` (cached). Claude
+models on Vertex AI speak Anthropic's Messages API instead (:mod:`.vertex_claude`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from triogate.errors import ProviderProtocolError
-from triogate.providers import bridge
+from triogate.providers import bridge, vertex_claude
 from triogate.providers.cloud_errors import cloud_errors
 from triogate.providers.google_auth import GoogleTokens
 from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json
@@ -83,9 +84,16 @@ class GeminiProvider:
         location = cloud.vertex_location or DEFAULT_VERTEX_LOCATION
         host = ("https://aiplatform.googleapis.com" if location == "global"
                 else f"https://{location}-aiplatform.googleapis.com")
+        publisher = "anthropic" if vertex_claude.is_claude(deployment.upstream_model) else (
+            "google")
         return (f"{(deployment.api_base or host).rstrip('/')}/v1/projects/"
                 f"{quote(cloud.vertex_project, safe='')}/locations/{quote(location, safe='')}"
-                f"/publishers/google/models/{_model(deployment)}:{method}")
+                f"/publishers/{publisher}/models/{_model(deployment)}:{method}")
+
+    def _claude(self, api: Api, deployment: Deployment) -> bool:
+        """A Claude model on Vertex AI: Anthropic's Messages API (:mod:`.vertex_claude`)."""
+        return (self._vertex and api != "embeddings"
+                and vertex_claude.is_claude(deployment.upstream_model))
 
     async def _headers(self, deployment: Deployment) -> dict[str, str]:
         if not self._vertex:
@@ -100,6 +108,11 @@ class GeminiProvider:
         """One call (a checkpoint). Raises ProviderError subclasses, or ValueError."""
         if api == "embeddings":
             return await self._embed(body, deployment)
+        if self._claude(api, deployment):
+            return await vertex_claude.complete(
+                self._client, api, body, vertex_claude.request_body(api, body, stream=False),
+                deployment, url=self._url(deployment, "rawPredict"),
+                headers=await self._headers(deployment), created_s=int(self._clock()))
         request = chat_to_gemini_request(bridge.chat_request(api, body))
         with cloud_errors():
             response = await post_json(
@@ -126,8 +139,21 @@ class GeminiProvider:
             ValueError: at once, for embeddings, or a request Gemini cannot express.
         """
         check_streamable(api)
+        if self._claude(api, deployment):
+            return self._open_claude(api, body, vertex_claude.request_body(
+                api, body, stream=True), deployment)
         request = chat_to_gemini_request(bridge.chat_request(api, body))
         return self._open(api, body, request, deployment)
+
+    @contextlib.asynccontextmanager
+    async def _open_claude(self, api: Api, body: Mapping[str, Any], request: dict[str, Any],
+                           deployment: Deployment) -> AsyncIterator[ProviderStream]:
+        async with vertex_claude.stream(
+            self._client, api, body, request, deployment,
+            url=self._url(deployment, "streamRawPredict"),
+            headers=await self._headers(deployment), created_s=int(self._clock()),
+        ) as opened:
+            yield opened
 
     @contextlib.asynccontextmanager
     async def _open(self, api: Api, body: Mapping[str, Any], request: dict[str, Any],

@@ -2,8 +2,10 @@
 
 Written from the public REST reference (``generateContent``, ``streamGenerateContent`` with
 ``alt=sse``, ``embedContent``, ``batchEmbedContents``; Vertex AI's ``publishers/google``
-models and ``predict``; the OAuth 2.0 JWT bearer grant at ``/token``), and checked against
-the ``google-genai`` SDK by the tests. Like the real API it refuses unknown fields and
+models and ``predict``, and Claude at ``publishers/anthropic`` (``rawPredict``,
+``streamRawPredict``: the Anthropic fake's Messages API, model in the URL); the OAuth 2.0
+JWT bearer grant at ``/token``), and checked against the ``google-genai`` SDK by the
+tests. Like the real API it refuses unknown fields and
 malformed parts with ``400 INVALID_ARGUMENT``, so a translation mistake is an error here
 too; function calls carry a ``thoughtSignature``, which ``gemini-3…`` models require back
 when the call is replayed. Replies are
@@ -39,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from hypercorn.trio import serve
 
 from triogate.testing.fakeupstream import (
+    FakeUpstream,
     HTTPError,
     ReceivedRequest,
     _config,
@@ -58,6 +61,8 @@ if TYPE_CHECKING:
 _GEMINI = re.compile(r"^/v1(?:beta|alpha)?/models/([^/:]+):(\w+)$")
 _VERTEX = re.compile(r"^/v1(?:beta1)?/projects/([^/]+)/locations/([^/]+)/publishers/google/"
                      r"models/([^/:]+):(\w+)$")
+_VERTEX_ANTHROPIC = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/publishers/anthropic/"
+                               r"models/([^/:]+):(rawPredict|streamRawPredict)$")
 _REQUEST_FIELDS = {"contents", "systemInstruction", "tools", "toolConfig", "generationConfig",
                    "safetySettings", "cachedContent", "labels", "model"}
 _GENERATION_FIELDS = {"temperature", "topP", "topK", "candidateCount", "maxOutputTokens",
@@ -202,6 +207,8 @@ class FakeGemini:
     _accounts: dict[str, rsa.RSAPublicKey] = attrs.Factory(dict)
     _tokens: dict[str, float] = attrs.Factory(dict)  # access token -> expiry
     _failures: collections.deque[tuple[int, str]] = attrs.Factory(collections.deque)
+    #: Claude on Vertex AI answers as the Anthropic fake does.
+    _anthropic: FakeUpstream = attrs.Factory(FakeUpstream)
 
     def fail_next(self, n: int = 1, status: int = 500, *, message: str = "injected failure"
                   ) -> None:
@@ -257,7 +264,8 @@ class FakeGemini:
             body = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             body = None
-        body = camel_fields(body)  # recorded as understood
+        if "/publishers/anthropic/" not in path:  # Anthropic's fields are snake_case
+            body = camel_fields(body)  # recorded as understood
         if self.record_requests:
             self.requests.append(ReceivedRequest(method=scope["method"], path=path, query=query,
                                                  headers=headers, json=body))
@@ -268,7 +276,7 @@ class FakeGemini:
             if not key or (self.api_key is not None and key != self.api_key):
                 raise HTTPError(400, "API key not valid. Please pass a valid API key.")
             model, method = match.group(1), match.group(2)
-        elif match := _VERTEX.match(path):
+        elif match := _VERTEX.match(path) or _VERTEX_ANTHROPIC.match(path):
             bearer = headers.get("authorization", "").removeprefix("Bearer ")
             if self._tokens.get(bearer, 0) <= time.time():
                 raise HTTPError(401, "Request had invalid authentication credentials.")
@@ -280,7 +288,9 @@ class FakeGemini:
         if self._failures:
             status, message = self._failures.popleft()
             raise HTTPError(status, message)
-        if method in ("generateContent", "streamGenerateContent"):
+        if method in ("rawPredict", "streamRawPredict"):
+            await self._claude(model, body, receive, send, stream=method == "streamRawPredict")
+        elif method in ("generateContent", "streamGenerateContent"):
             check_request(body, thinking=model.startswith("gemini-3"))
             stream = method == "streamGenerateContent"
             if stream and query.get("alt") != "sse":
@@ -290,6 +300,17 @@ class FakeGemini:
             await self._embed(model, method, body, send)
         else:
             raise HTTPError(404, f"method {method} not found")
+
+    async def _claude(self, model: str, body: dict[str, Any], receive: Receive, send: Send,
+                      *, stream: bool) -> None:
+        """Anthropic's Messages API as Vertex AI serves it: the model in the URL only."""
+        if body.get("anthropic_version") != "vertex-2023-10-16":
+            raise _invalid("anthropic_version: must be vertex-2023-10-16")
+        if "model" in body:
+            raise _invalid("model: Extra inputs are not permitted")
+        if bool(body.get("stream")) != stream:
+            raise _invalid("stream must be true for streamRawPredict, absent for rawPredict")
+        await self._anthropic._messages({**body, "model": model}, receive, send)
 
     async def _token(self, raw: bytes, send: Send) -> None:
         self.token_requests += 1

@@ -68,6 +68,7 @@ def test_an_incomplete_cloud_deployment_is_refused_at_load(
 @pytest.mark.parametrize("model", [
     "gemini/gemini-2.0-flash", "gemini/gemini-2.5-flash", "gemini/gemini-3-pro-preview",
     "gemini/text-embedding-004", "vertex_ai/gemini-1.5-pro", "vertex_ai/text-embedding-005",
+    "vertex_ai/claude-3-5-sonnet-v2@20241022",
     "bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0",
     "bedrock/meta.llama3-1-70b-instruct-v1:0", "bedrock/amazon.titan-embed-text-v2:0",
     "bedrock/cohere.embed-english-v3"])
