@@ -29,7 +29,7 @@ import yaml
 from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
-from triogate import config_litellm
+from triogate import config_cloud, config_litellm
 from triogate.config_governance import GovernanceFeatures, governance_features
 from triogate.errors import ConfigError
 
@@ -40,7 +40,7 @@ PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "mock")
 # Azure OpenAI and LiteLLM's OpenAI-compatible provider names (config_litellm).
 #: Provider names served by the OpenAI-compatible provider.
 OPENAI_COMPATIBLE: tuple[str, ...] = tuple(config_litellm.COMPAT_PROVIDERS)
-PROVIDERS += ("azure", *OPENAI_COMPATIBLE)
+PROVIDERS += ("azure", *OPENAI_COMPATIBLE, *config_cloud.CLOUD_PROVIDERS)
 #: Providers whose deployments must be priced: by the config or the packaged table.
 PRICE_REQUIRED = ("azure", *OPENAI_COMPATIBLE)
 #: Where Entra ID issues tokens (``azure_authority_host``; LiteLLM's AZURE_AUTHORITY_HOST).
@@ -108,6 +108,27 @@ class LitellmParams:
     #: Azure: where Entra ID issues tokens (``AZURE_AUTHORITY_HOST``, default
     #: https://login.microsoftonline.com).
     azure_authority_host: str | None = None
+    # Cloud providers (bedrock/, gemini/, vertex_ai/): see config_cloud.CloudParams.
+    #: Bedrock: the AWS access key id (default ``AWS_ACCESS_KEY_ID``).
+    aws_access_key_id: str | None = None
+    #: Bedrock: the AWS secret access key (default ``AWS_SECRET_ACCESS_KEY``).
+    aws_secret_access_key: str | None = attrs.field(default=None, repr=False)
+    #: Bedrock: the session token of temporary credentials (``AWS_SESSION_TOKEN``).
+    aws_session_token: str | None = attrs.field(default=None, repr=False)
+    #: Bedrock: the AWS region (``AWS_REGION_NAME``, ``AWS_REGION``, ``AWS_DEFAULT_REGION``).
+    aws_region_name: str | None = None
+    #: Vertex AI: the Google Cloud project (``VERTEXAI_PROJECT``, ``GOOGLE_CLOUD_PROJECT``).
+    vertex_project: str | None = None
+    #: Vertex AI: the region (``VERTEXAI_LOCATION``; default us-central1).
+    vertex_location: str | None = None
+    #: Vertex AI: a service-account JSON: its file's path, its text or a mapping
+    #: (``GOOGLE_APPLICATION_CREDENTIALS``).
+    vertex_credentials: Any = attrs.field(
+        default=None, repr=False,
+        validator=_optional(attrs.validators.instance_of((str, dict))))
+    #: Vertex AI: where the service account's JWT is exchanged for an access token
+    #: (default: the credentials' ``token_uri``, else Google's).
+    vertex_token_url: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -463,6 +484,8 @@ class Deployment:
     #: Whether the config gave a price (else a wildcard's model is priced from the table).
     priced: bool = True
     azure: AzureSettings | None = None
+    #: Credentials and placement of a bedrock/, gemini/ or vertex_ai/ deployment.
+    cloud: config_cloud.CloudParams | None = None
 
     @property
     def wildcard(self) -> bool:
@@ -686,6 +709,9 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         for f in ("mock_response", "mock_latency_ms", "mock_failure_rate", "mock_output_tokens")
     ):
         raise ConfigError(f"{path}: mock_* settings only apply to mock/ models")
+    cloud = config_cloud.cloud_params(provider, params)
+    if (missing := config_cloud.check_cloud_params(provider, cloud, path)) is not None:
+        raise ConfigError(missing)
     ident = str(entry.model_info.get("id") or hashlib.sha256(
         f"{entry.model_name}|{params.model}|{params.api_base}|{i}".encode()
     ).hexdigest()[:16])
@@ -736,6 +762,7 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         drop_params=drop_params if params.drop_params is None else params.drop_params,
         priced=priced,
         azure=azure,
+        cloud=cloud,
     )
 
 
@@ -894,6 +921,7 @@ def parse_config(
                           "a mapping")
     environ = {**{str(k): str(v) for k, v in section.items()}, **environ}
     raw = expand_env(raw, environ)
+    config_cloud.fill_from_environ(raw, environ)
     raw.setdefault("triogate", {})
     if raw["triogate"] is None:
         raw["triogate"] = {}

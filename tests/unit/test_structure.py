@@ -35,10 +35,11 @@ ALLOWED: dict[str, frozenset[str]] = {name: frozenset(deps) for name, deps in {
     "lua": (),
     "config_litellm": ("errors",),
     "config_governance": ("errors",),
-    "config": ("triogate", "errors", "config_litellm", "config_governance"),
+    "config_cloud": (),  # the cloud providers' settings (Bedrock, Gemini, Vertex AI)
+    "config": ("triogate", "errors", "config_cloud", "config_litellm", "config_governance"),
     "redis_server": ("errors",),
     "store": ("errors",),
-    "providers": ("_watch", "config", "errors"),
+    "providers": ("_watch", "config", "config_cloud", "errors"),
     "governance": ("batch", "config", "config_governance", "errors", "store"),
     "routing": ("batch", "config", "config_litellm", "errors", "governance"),
     "cache": ("batch", "config", "governance", "providers"),

@@ -1,4 +1,4 @@
-"""Upstream model providers: OpenAI-compatible, Anthropic, and a deterministic mock.
+"""Upstream model providers: OpenAI-compatible, Anthropic, the clouds', and a mock.
 
 Every provider implements :class:`triogate.providers.records.Provider`. :func:`build_providers`
 creates them with one pooled httpx client per provider kind, for the app nursery to own.
@@ -14,6 +14,8 @@ import httpx
 from triogate.config import OPENAI_COMPATIBLE
 from triogate.providers.anthropic import AnthropicProvider
 from triogate.providers.azure import AzureProvider
+from triogate.providers.bedrock import BedrockProvider
+from triogate.providers.gemini import GeminiProvider
 from triogate.providers.mock import MockProvider
 from triogate.providers.openai import OpenAIProvider
 from triogate.providers.transport import CONNECT_TIMEOUT_S, UpstreamTransport, register
@@ -60,8 +62,8 @@ def new_upstream_client(*, max_connections: int) -> httpx.AsyncClient:
 async def build_providers(
     config: GatewayConfig, *, max_connections: int = 1000
 ) -> AsyncIterator[dict[str, Provider]]:
-    """Providers by kind ("openai", "anthropic", "mock", "azure", and LiteLLM's
-    OpenAI-compatible names); clients closed on exit.
+    """Providers by kind ("openai", "anthropic", "mock", "azure", LiteLLM's
+    OpenAI-compatible names, "gemini", "vertex_ai", "bedrock"); clients closed on exit.
 
     Args:
         config: the gateway configuration (read for nothing yet but kept so that
@@ -73,9 +75,11 @@ async def build_providers(
         new_upstream_client(max_connections=max_connections) as openai_client,
         new_upstream_client(max_connections=max_connections) as anthropic_client,
         new_upstream_client(max_connections=max_connections) as azure_client,
+        new_upstream_client(max_connections=max_connections) as google_client,
+        new_upstream_client(max_connections=max_connections) as bedrock_client,
     ):
         openai = OpenAIProvider(openai_client)
-        yield {
+        providers: dict[str, Provider] = {
             "openai": openai,
             "anthropic": AnthropicProvider(anthropic_client),
             "mock": MockProvider(seed=0),
@@ -83,3 +87,8 @@ async def build_providers(
             "azure": AzureProvider(azure_client),
             **dict.fromkeys(OPENAI_COMPATIBLE, openai),
         }
+        # The cloud providers: Gemini API, Vertex AI (one token cache per process), Bedrock.
+        providers["gemini"] = GeminiProvider(google_client, vertex=False)
+        providers["vertex_ai"] = GeminiProvider(google_client, vertex=True)
+        providers["bedrock"] = BedrockProvider(bedrock_client)
+        yield providers

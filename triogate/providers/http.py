@@ -81,7 +81,7 @@ def upstream_status_error(
     """
     text = content.decode(errors="replace")
     for name, value in headers.items():
-        if name.lower() in ("authorization", "x-api-key", "api-key"):
+        if name.lower() in ("authorization", "x-api-key", "api-key", "x-goog-api-key"):
             secret = value.removeprefix("Bearer ").strip()
             if secret:
                 text = text.replace(secret, "***")

@@ -4,9 +4,10 @@ Translation refuses (``ValueError``, a 400 to the client) what the upstream's AP
 express. With ``drop_params`` on (the config's ``litellm_settings.drop_params``, a
 deployment's ``litellm_params.drop_params``, or the request's own ``drop_params``), those
 parts are removed before translation instead: ``n`` > 1 and non-text, non-image content
-for Anthropic models; Anthropic-only content blocks for OpenAI-compatible models; built-in
-tools and file inputs of the Responses API. Parameters the translation has no place for
-are already left out by it. Pure functions; the client's body is never changed.
+for Anthropic, Bedrock, Gemini and Vertex AI models; Anthropic-only content blocks for
+models that do not speak messages; built-in tools and file inputs of the Responses API.
+Parameters the translation has no place for are already left out by it. Pure functions;
+the client's body is never changed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 _CHAT_PARTS_FOR_ANTHROPIC = frozenset({"text", "image_url"})
 _MESSAGES_BLOCKS_FOR_CHAT = frozenset({"text", "image", "tool_use", "tool_result"})
 _RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
+#: Providers whose APIs take one answer and only text and images from a chat request.
+_BLOCK_PROVIDERS = frozenset({"anthropic", "bedrock", "gemini", "vertex_ai"})
 
 
 def _chat_part_ok(part: Any) -> bool:
@@ -86,7 +89,7 @@ def drop_unsupported(api: Api, body: Mapping[str, Any], provider: str) -> dict[s
     out = dict(body)
     if api == "responses":
         out = _responses(out)
-    if provider == "anthropic" and api in ("chat", "responses"):
+    if provider in _BLOCK_PROVIDERS and api in ("chat", "responses"):
         if out.get("n") not in (None, 1):
             out.pop("n")
         out["messages"] = _filter_content(out.get("messages"), _chat_part_ok)

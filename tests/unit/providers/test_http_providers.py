@@ -449,10 +449,13 @@ async def test_build_providers_owns_one_client_per_kind() -> None:
     from triogate.providers.transport import UpstreamTransport
 
     async with build_providers(parse_config({}), max_connections=50) as providers:
-        assert set(providers) == {"openai", "anthropic", "mock", "azure", *OPENAI_COMPATIBLE}
+        assert set(providers) == {"openai", "anthropic", "mock", "azure", *OPENAI_COMPATIBLE,
+                                  "gemini", "vertex_ai", "bedrock"}
         assert all(providers[name] is providers["openai"] for name in OPENAI_COMPATIBLE)
-        clients = [providers[k]._client for k in ("openai", "anthropic", "azure")]
-        assert len({id(c) for c in clients}) == 3
+        clients = [providers[k]._client
+                   for k in ("openai", "anthropic", "azure", "gemini", "bedrock")]
+        assert len({id(c) for c in clients}) == 5
+        assert providers["vertex_ai"]._client is providers["gemini"]._client  # type: ignore[attr-defined]
         assert all(not c.is_closed for c in clients)
         pool = clients[0]._transport
         assert isinstance(pool, UpstreamTransport)
