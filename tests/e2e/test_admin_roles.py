@@ -135,11 +135,11 @@ async def test_an_internal_user_manages_its_own_keys_within_its_limits(
         assert hash_key(keys["viewer"]) not in listed["keys"]
         await me.get("/key/list", user_id="viewer", status=403)
         await me.get("/key/info", key=keys["viewer"], status=404)
-        await me.post("/key/delete", {"keys": [keys["viewer"]]}, status=404)
+        await me.post("/key/delete", {"keys": [keys["viewer"]]}, status=403)
         await me.post("/key/update", {"key": made["key"], "key_alias": "mine-2"})
         await me.post("/key/delete", {"keys": [made["key"]]})
         assert (await me.get("/user/info"))["user_id"] == "internal"
-        await me.get("/user/info", user_id="viewer", status=404)
+        await me.get("/user/info", user_id="viewer", status=403)
 
         async def logged() -> bool:
             rows = await me.get("/spend/logs")
@@ -177,7 +177,7 @@ async def test_a_team_admin_manages_members_and_team_keys(gateway: Gateway, api:
             "newbie", "internal", "team-admin"}
         await boss.post("/team/member_delete", {"team_id": "t1", "user_id": "newbie"})
         await boss.post("/team/member_delete", {"team_id": "t1", "user_id": "newbie"},
-                        status=404)
+                        status=400)
         await boss.post("/team/update", {"team_id": "t1", "max_budget": 5}, status=403)
     user = await api.get("/user/info", user_id="internal")
     assert [t["team_id"] for t in user["teams"]] == ["t1"]

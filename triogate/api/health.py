@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from triogate import LITELLM_VERSION, __version__
 from triogate.api import auth
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
@@ -50,7 +51,8 @@ async def readiness(services: Services, request: Request) -> Response:
     because the shared Redis blinked would turn a blip into an outage. ``?strict=1``
     answers 503 instead.
     """
-    body: dict[str, object] = {"status": "ready"}
+    body: dict[str, object] = {"status": "ready", "triogate_version": __version__,
+                               "litellm_version": LITELLM_VERSION}
     backend = services.backends["counters"]
     try:
         # Not PING: a server loading its data set answers PING but refuses every write

@@ -17,6 +17,7 @@ from triogate.api import (
     model_info,
     responses,
 )
+from triogate.api.admin import unsupported
 from triogate.api.admin.routes import routes as admin_routes
 from triogate.api.admin.unsupported import routes as unsupported_routes
 from triogate.ui.routes import routes as ui_routes
@@ -73,6 +74,11 @@ PATTERNS: tuple[tuple[str, str, str, Route], ...] = (
     ("POST", azure.PREFIX, "/completions", Route(azure.legacy_completions)),
     ("GET", "/v1/models/", "", Route(model_info.model)),
     ("GET", "/models/", "", Route(model_info.model)),
+    # LiteLLM routes triogate does not have, with an id in the path: a 400 naming them.
+    *((method, prefix, "", Route(unsupported.refuse(what)))
+      for method, prefix, what in unsupported.PREFIXES),
+    *(("POST", azure.PREFIX, suffix, Route(unsupported.refuse(what)))
+      for suffix, what in unsupported.AZURE_SUFFIXES),
 )
 
 

@@ -258,6 +258,24 @@ class Store:
         fields.setdefault("user_id", str(uuid.uuid4()))
         return await self._create_entity(ent.USERS, fields)  # type: ignore[no-any-return]
 
+    async def create_user_in_team(self, team_id: str, role: str, **fields: Any) -> UserRow:
+        """Create a user and make it a member of ``team_id`` (``role``), in one
+        transaction: both, or neither."""
+        fields.setdefault("user_id", str(uuid.uuid4()))
+        ent.check_fields(ent.USERS, fields, allowed=ent.USERS.settable | {"user_id"})
+        now = self._now_ms()
+        values = ent.create_values(ent.USERS, fields, now_ms=now)
+        member = TeamMember(team_id=team_id, user_id=values["user_id"], role=role,
+                            user_email=values.get("user_email"), created_at_ms=now)
+
+        def run() -> UserRow:
+            ent.change_members(self._engine, team_id, add=[member], create_users=[values])
+            row: UserRow = ent.get_many(self._engine, ent.USERS, [member.user_id])[
+                member.user_id]
+            return row
+
+        return await self._threads.run("create user in team", run)
+
     async def get_users(self, user_ids: Sequence[str]) -> dict[str, UserRow]:
         """Users by id, in one query."""
         return await self._get(ent.USERS, user_ids)

@@ -45,7 +45,10 @@ ENTITIES: dict[str, tuple[Mapping[str, Converter], dict[str, str]]] = {
     "user": (USER_FIELDS, {"user_id": "the id (a UUID when absent)",
                            "auto_create_key": "implemented (`/user/new`, default true)",
                            "key_alias": "`/user/new`: the alias of the key it creates",
-                           "duration": "`/user/new`: the lifetime of the key it creates"}),
+                           "duration": "`/user/new`: the lifetime of the key it creates",
+                           "aliases": "`/user/new`: the model aliases of the key it creates",
+                           "team_id": "`/user/new`: the team the user joins (role `user`, "
+                                      "same transaction) and its key belongs to"}),
     "customer": (END_USER_FIELDS, {"user_id": "the id (required)"}),
     "tag": (TAG_FIELDS, {"name": "the tag (required)"}),
     "budget": (BUDGET_FIELDS, {"budget_id": "the id (a UUID when absent)"}),

@@ -163,10 +163,12 @@ async def delete(services: Services, request: Request, caller: Caller) -> Respon
     missing: list[int] = []
     for i, ref in enumerate(refs):
         match = next((c for c in key_candidates(ref) if c in found), None) if ref else None
-        if match is None or not caller.may_read_key(found[match]):
+        if match is None and caller.sees_all:
             missing.append(i)
-        elif not caller.may_write_key(found[match]):
-            raise forbidden("delete this key")
+        elif match is None or not caller.may_write_key(found[match]):
+            # LiteLLM's 403, the same whether or not the key exists; nothing is deleted.
+            raise forbidden(f"delete key #{i} (not yours, or no such key); nothing was "
+                            "deleted")
         else:
             hashes.append(match)
     if missing:

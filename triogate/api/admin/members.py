@@ -125,7 +125,8 @@ async def member_add(services: Services, request: Request, caller: Caller) -> Re
                          updated_team_memberships=[m[0] for m in members])
 
 
-async def _existing_member(services: Services, team_id: str, body: dict[str, Any]) -> str:
+async def _existing_member(services: Services, team_id: str, body: dict[str, Any],
+                           *, status: int = 404) -> str:
     user_id, email = body.get("user_id"), body.get("user_email")
     if user_id is None and email is None:
         raise ApiError(400, "missing required field 'user_id' (or 'user_email')",
@@ -136,6 +137,10 @@ async def _existing_member(services: Services, team_id: str, body: dict[str, Any
         if (user_id is not None and m.user_id == user_id) or (
                 user_id is None and m.user_email == email):
             return m.user_id
+    if status == 400:  # LiteLLM's answer to removing someone who is not a member
+        raise ApiError(400, f"'{user_id or email}' is not a member of team '{team_id}'; "
+                       "nothing was removed", "invalid_request_error", param="user_id",
+                       code="not_a_member")
     raise not_found("team member", str(user_id or email), "user_id")
 
 
@@ -144,7 +149,7 @@ async def member_delete(services: Services, request: Request, caller: Caller) ->
     body = await begin(services, request)
     only(body, "team_id", "user_id", "user_email")
     team = await _team(services, caller, body)
-    user_id = await _existing_member(services, team.team_id, body)
+    user_id = await _existing_member(services, team.team_id, body, status=400)
     with sql(f"remove a member of team '{team.team_id}'"):
         await store_of(services).change_team_members(team.team_id, remove=[user_id])
     return await _answer(services, team)
