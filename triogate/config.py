@@ -255,6 +255,22 @@ class HttpSettings:
 
 
 @attrs.frozen(kw_only=True)
+class KeyRotationSettings:
+    """``triogate.key_rotation``: the scheduled rotation of keys with ``auto_rotate``.
+
+    ``check_interval_s``: how often each process looks for keys due (one of them
+    rotates each key). ``grace_period_s``: how long a rotated-out secret keeps working.
+    ``secrets_dir``: where each new secret is written (a file named by the key's alias,
+    else its id, mode 0600), for a secret-sync agent to pick up; unset, the new secret
+    is shown to nobody and the key's holder asks an admin for one.
+    """
+
+    check_interval_s: float = attrs.field(default=60.0, validator=_positive)
+    grace_period_s: float = attrs.field(default=0.0, validator=_non_negative)
+    secrets_dir: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class TriogateSettings:
     """The ``triogate:`` section: everything LiteLLM's file has no name for."""
 
@@ -264,6 +280,7 @@ class TriogateSettings:
     governance: GovernanceSettings = attrs.Factory(GovernanceSettings)
     cache: ResponseCacheSettings = attrs.Factory(ResponseCacheSettings)
     http: HttpSettings = attrs.Factory(HttpSettings)
+    key_rotation: KeyRotationSettings = attrs.Factory(KeyRotationSettings)
     tracing: bool = False
     log_prompts: bool = False
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)

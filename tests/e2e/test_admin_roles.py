@@ -88,7 +88,8 @@ async def test_every_route_with_each_role(gateway: Gateway, api: Admin, who: str
         for route in routes:
             expected = role in RULES[route].roles
             own = raw
-            if route[1] in ("/key/delete", "/key/block", "/key/unblock", "/key/update") \
+            if route[1] in ("/key/delete", "/key/block", "/key/unblock", "/key/update",
+                            "/key/regenerate") \
                     and who != "key":
                 # A throwaway key the caller owns (user) or manages (team admin).
                 body = {"team_id": "t1"} if who == "team-admin" else (

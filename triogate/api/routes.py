@@ -18,6 +18,7 @@ from triogate.api import (
     responses,
 )
 from triogate.api.admin import unsupported
+from triogate.api.admin.routes import regenerate_by_path
 from triogate.api.admin.routes import routes as admin_routes
 from triogate.api.admin.unsupported import routes as unsupported_routes
 from triogate.ui.routes import routes as ui_routes
@@ -74,6 +75,7 @@ PATTERNS: tuple[tuple[str, str, str, Route], ...] = (
     ("POST", azure.PREFIX, "/completions", Route(azure.legacy_completions)),
     ("GET", "/v1/models/", "", Route(model_info.model)),
     ("GET", "/models/", "", Route(model_info.model)),
+    ("POST", "/key/", "/regenerate", Route(regenerate_by_path())),
     # LiteLLM routes triogate does not have, with an id in the path: a 400 naming them.
     *((method, prefix, "", Route(unsupported.refuse(what)))
       for method, prefix, what in unsupported.PREFIXES),

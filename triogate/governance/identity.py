@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from triogate.batch import Backend, Batch, Subscription
-    from triogate.store import Store
+    from triogate.store import KeyRow, Store
 
 logger = logging.getLogger("triogate.governance.identity")
 
@@ -133,6 +133,19 @@ def decode_row(kind: str, raw: bytes) -> Row:
 class _Entry:
     row: Row
     expires_at: float
+
+
+def _secret_hashes(row: KeyRow) -> list[str]:
+    """The hashes a key may be remembered under: its id, its secret, its previous one."""
+    return [h for h in (row.token_hash, row.secret_hash, row.previous_secret_hash) if h]
+
+
+def _until(key: Principal, ends_ms: int | None) -> Principal:
+    """``key`` as reached through a secret that stops working at ``ends_ms`` (a previous
+    secret in its grace period), which then answers as an expired key."""
+    if ends_ms is None or (key.expires_ms is not None and key.expires_ms <= ends_ms):
+        return key
+    return attrs.evolve(key, expires_ms=ends_ms)
 
 
 def _governed(principal: Principal) -> bool:
@@ -253,6 +266,10 @@ class IdentityResolver:
             return
         self._memory.pop((kind, ident), None)
         self._unknown_tags.pop((kind, ident), None)
+        if kind == "key":  # remembered by its secret's hash, which may not be its id
+            for k in [k for k, e in self._memory.items()
+                      if isinstance(e.row, KeyBundle) and e.row.key.id == ident]:
+                del self._memory[k]
         if kind in ("team", "user"):
             stale = [
                 k for k, e in self._memory.items()
@@ -367,7 +384,9 @@ class IdentityResolver:
             by_kind.setdefault(kind, []).append(ident)
         out: dict[tuple[str, str], Row] = {}
         if "key" in by_kind:
-            keys = await self._store.get_keys(by_kind["key"])
+            # By the secret's hash: a rotated key's id (token_hash) is not its secret's.
+            secrets = await self._store.keys_by_secret(by_kind["key"])
+            keys = {h: row for h, (row, _) in secrets.items()}
             teams = await self._store.get_teams(
                 sorted({r.team_id for r in keys.values() if r.team_id}))
             users = await self._store.get_users(
@@ -376,7 +395,7 @@ class IdentityResolver:
                 row = keys.get(key_hash)
                 team_row = teams.get(row.team_id) if row is not None and row.team_id else None
                 out[("key", key_hash)] = None if row is None else KeyBundle(
-                    key=key_principal(row),
+                    key=_until(key_principal(row), secrets[key_hash][1]),
                     team_id=row.team_id,
                     user_id=row.user_id,
                     key_tags=tuple(row.tags),
@@ -519,7 +538,9 @@ class IdentityResolver:
     async def _publish(self, changes: Sequence[tuple[str, str]]) -> None:
         doomed: list[str] = []
         for kind, ident in changes:
-            if kind in ("key", "end_user", "tag"):
+            if kind == "key":
+                doomed += [identity_row(kind, h) for h in await self._secrets_of(ident)]
+            elif kind in ("end_user", "tag"):
                 doomed.append(identity_row(kind, ident))
             elif kind in ("team", "user"):
                 doomed += [identity_row("key", h) for h in await self._keys_of(kind, ident)]
@@ -531,14 +552,22 @@ class IdentityResolver:
 
     async def _keys_of(self, kind: str, ident: str) -> list[str]:
         hashes: list[str] = []
+        seen = 0
         page = 1
         while True:
             filters = {"team_id": ident} if kind == "team" else {"user_id": ident}
             rows, total = await self._store.list_keys(**filters, page=page, size=500)
-            hashes += [r.token_hash for r in rows]
-            if len(hashes) >= total or not rows:
+            hashes += [h for r in rows for h in _secret_hashes(r)]
+            seen += len(rows)
+            if seen >= total or not rows:
                 return hashes
             page += 1
+
+    async def _secrets_of(self, token_hash: str) -> list[str]:
+        """The hashes a key is remembered under: its id and its secrets (a rotated key)."""
+        row = (await self._store.get_keys([token_hash])).get(token_hash)
+        return [token_hash] if row is None else list(dict.fromkeys(
+            (token_hash, *_secret_hashes(row))))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:

@@ -198,6 +198,45 @@ class Store:
         row = await self._threads.run("create key", ent.create, self._engine, ent.KEYS, values)
         return raw, row
 
+    async def keys_by_secret(self, secret_hashes: Sequence[str]
+                             ) -> dict[str, tuple[KeyRow, int | None]]:
+        """The key each secret's hash authenticates as, with when that secret stops
+        working (a previous secret in its grace period) or None (the current one)."""
+        if not secret_hashes:
+            return {}
+        now = self._now_ms()
+        return await self._threads.run("look up key secrets", ent.keys_by_secret,
+                                       self._engine, list(secret_hashes), now)
+
+    async def rotate_key(self, token_hash: str, *, raw_key: str | None = None,
+                         grace_ms: int = 0, next_rotation_at_ms: int | None = None,
+                         due_at_ms: int | None = None
+                         ) -> tuple[str, KeyRow, str] | None:
+        """A new secret for the key (same id, limits and spend): the raw secret (seen
+        only here), the row and the old secret's hash; None if there is no such key (or,
+        with ``due_at_ms``, another process rotated it first).
+
+        Raises:
+            StoreConflict: ``raw_key`` is already another key's secret.
+        """
+        raw = raw_key if raw_key is not None else generate_key()
+        now = self._now_ms()
+
+        def run() -> tuple[KeyRow, str] | None:
+            return ent.rotate_key(self._engine, token_hash, hash_key(raw), key_hint(raw),
+                                  grace_ms=grace_ms, now_ms=now,
+                                  next_rotation_at_ms=next_rotation_at_ms,
+                                  due_at_ms=due_at_ms)
+
+        done = await self._threads.run("rotate key", run)
+        return None if done is None else (raw, done[0], done[1])
+
+    async def keys_due_for_rotation(self, *, limit: int = 100) -> list[KeyRow]:
+        """Keys with ``auto_rotate`` whose scheduled rotation is due."""
+        now = self._now_ms()
+        return await self._threads.run("find keys to rotate", ent.keys_due_for_rotation,
+                                       self._engine, now, limit)
+
     async def get_keys(self, token_hashes: Sequence[str]) -> dict[str, KeyRow]:
         """Keys by hash, in one query; hashes not found are absent."""
         return await self._get(ent.KEYS, token_hashes)

@@ -89,6 +89,13 @@ class KeyRow:
         created_at_ms, updated_at_ms: epoch ms.
         aliases: model aliases of this key (requested name → model group).
         budget_id: a shared budget (``budgets`` table) whose limits apply to the key.
+        secret_hash: SHA-256 of the current secret once the key was rotated (None: the
+            secret is the one ``token_hash`` is the hash of); the id never changes.
+        previous_secret_hash, previous_secret_expires_at_ms: the secret before the last
+            rotation, still accepted until then (a grace period).
+        auto_rotate, rotation_interval: scheduled rotation (``"30d"``).
+        key_rotation_at_ms: when the next scheduled rotation is due.
+        last_rotation_at_ms, rotation_count: the last rotation, and how many there were.
     """
 
     token_hash: str
@@ -114,6 +121,19 @@ class KeyRow:
     updated_at_ms: int = 0
     aliases: Mapping[str, str] = attrs.Factory(dict)
     budget_id: str | None = None
+    secret_hash: str | None = None
+    previous_secret_hash: str | None = None
+    previous_secret_expires_at_ms: int | None = None
+    auto_rotate: bool | None = None
+    rotation_interval: str | None = None
+    key_rotation_at_ms: int | None = None
+    last_rotation_at_ms: int | None = None
+    rotation_count: int | None = None
+
+    @property
+    def current_secret_hash(self) -> str:
+        """The SHA-256 of the secret that authenticates as this key now."""
+        return self.secret_hash or self.token_hash
 
 
 @final

@@ -40,6 +40,26 @@ def _times() -> list[sa.Column[Any]]:
     ]
 
 
+def _rotation_columns() -> list[Any]:
+    """Key rotation (``/key/regenerate``, ``auto_rotate``): the key's id (``token_hash``)
+    stays, its secret changes. ``secret_hash`` is the current secret's SHA-256 (null:
+    the id's), ``previous_secret_hash`` the one before, accepted until
+    ``previous_secret_expires_at`` (a grace period)."""
+    return [
+        sa.Column("secret_hash", sa.Text, nullable=True),
+        sa.Column("previous_secret_hash", sa.Text, nullable=True),
+        sa.Column("previous_secret_expires_at", sa.BigInteger, nullable=True),
+        sa.Column("auto_rotate", sa.Boolean, nullable=True),
+        sa.Column("rotation_interval", sa.Text, nullable=True),
+        sa.Column("key_rotation_at", sa.BigInteger, nullable=True),
+        sa.Column("last_rotation_at", sa.BigInteger, nullable=True),
+        sa.Column("rotation_count", sa.BigInteger, nullable=True),
+        sa.Index("ux_keys_secret_hash", "secret_hash", unique=True),
+        sa.Index("ix_keys_previous_secret_hash", "previous_secret_hash"),
+        sa.Index("ix_keys_key_rotation_at", "key_rotation_at"),
+    ]
+
+
 keys = sa.Table(
     "keys",
     metadata,
@@ -63,6 +83,7 @@ keys = sa.Table(
     sa.Column("budget_id", sa.Text, nullable=True),
     # LiteLLM finds keys by alias: two keys with one alias would make that ambiguous.
     sa.Index("ux_keys_key_alias", "key_alias", unique=True),
+    *_rotation_columns(),
 )
 
 teams = sa.Table(

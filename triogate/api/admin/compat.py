@@ -66,7 +66,6 @@ _VECTOR = _n("vector stores, which triogate does not serve")
 _PROMPTS = _n("prompt management, which triogate does not have")
 _INVITE = _n("invitation e-mails, which triogate does not send")
 _CONFIG = _n("key-specific config overrides")
-_ROTATE = _n("automatic key rotation")
 _ACCESS_GROUPS = _n("access groups stored by id; name the config's access groups "
                     "(model_info.access_groups) in 'models' instead")
 _ROUTER = _n("per-key router settings")
@@ -119,8 +118,6 @@ KEY_NOOP: dict[str, Converter] = {
     "rpm_limit_type": _LIMIT_TYPE,
     "tpm_limit_type": _LIMIT_TYPE,
     "key_type": _n("key types (llm_api / management / read_only)", "default"),
-    "auto_rotate": _ROTATE,
-    "rotation_interval": _ROTATE,
     "allowed_vector_store_indexes": _VECTOR,
     "router_settings": _ROUTER,
     "access_group_ids": _ACCESS_GROUPS,

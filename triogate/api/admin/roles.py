@@ -70,6 +70,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/key/delete"): _KEY_WRITE,
     ("POST", "/key/block"): _KEY_WRITE,
     ("POST", "/key/unblock"): _KEY_WRITE,
+    ("POST", "/key/regenerate"): _KEY_WRITE,
     ("GET", "/key/info"): _rule("admins and viewers: any key; others: keys they own, their "
                                 "teams' keys (team admins), a key itself", *_EVERYONE),
     ("GET", "/key/list"): _rule("admins and viewers: every key; users: their own keys and "
@@ -211,12 +212,14 @@ async def resolve_caller(services: Services, request: Request) -> Caller:
         raise ApiError(401, "invalid API key", "authentication_error")
     store = store_of(services)
     with sql("look up the calling key"):
-        key = (await store.get_keys([hash_key(raw)])).get(hash_key(raw))
+        key, ends_ms = (await store.keys_by_secret([hash_key(raw)])).get(
+            hash_key(raw), (None, None))
     if key is None:
         raise ApiError(401, "invalid API key", "authentication_error")
     if key.blocked:
         raise ApiError(401, "this API key is blocked", "authentication_error")
-    if key.expires_at_ms is not None and key.expires_at_ms <= services.clock_ms():
+    now_ms = services.clock_ms()
+    if any(t is not None and t <= now_ms for t in (key.expires_at_ms, ends_ms)):
         raise ApiError(401, "this API key has expired", "authentication_error")
     user: UserRow | None = None
     admin_of: set[str] = set()
