@@ -189,3 +189,46 @@ async def test_the_openai_sdk_sees_the_400_for_images(gateway: Gateway, api: Adm
     with pytest.raises(openai.BadRequestError) as raised, trio.fail_after(20):
         await client.images.generate(prompt="a cat", model="gpt-test")
     assert raised.value.code == "unsupported_feature"
+
+
+# --------------------------------------------------------------------------- Azure route
+
+
+def azure(gateway: Gateway, key: str) -> openai.AsyncAzureOpenAI:
+    return openai.AsyncAzureOpenAI(azure_endpoint=gateway.url, api_key=key,
+                                   api_version="2024-06-01", max_retries=0)
+
+
+async def test_azure_route_answers_401_for_a_deployment_the_key_may_not_use(
+        gateway: Gateway, api: Admin) -> None:
+    key = (await api.post("/key/generate", {"models": ["gpt-test"]}))["key"]
+    client = azure(gateway, key)
+    hi = [{"role": "user", "content": "hi"}]
+    with trio.fail_after(30):
+        assert (await client.chat.completions.create(model="gpt-test", messages=hi)).choices
+    # Served but not the key's, and not served at all: the same 401, so the key learns
+    # nothing about deployments outside its list.
+    for model in ("claude-test", "no-such-deployment"):
+        with trio.fail_after(30), pytest.raises(openai.AuthenticationError) as raised:
+            await client.chat.completions.create(model=model, messages=hi)  # type: ignore[arg-type]
+        body = raised.value.body
+        assert isinstance(body, dict)
+        assert body["message"].startswith("key not allowed to access model")
+        assert body["code"] == "key_model_access_denied" and model in body["message"]
+    with trio.fail_after(30), pytest.raises(openai.AuthenticationError):
+        await client.embeddings.create(model="embed-test", input="x")
+    # The other routes keep OpenAI's 403 for a served model outside the key's list.
+    with trio.fail_after(30), pytest.raises(openai.PermissionDeniedError):
+        await openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=key,
+                                 max_retries=0).chat.completions.create(
+            model="claude-test", messages=hi)  # type: ignore[arg-type]
+    # A key that may use every model, and the master key: an unknown deployment is 404.
+    for who in ((await api.post("/key/generate", {}))["key"], "sk-test-master"):
+        with trio.fail_after(30), pytest.raises(openai.NotFoundError):
+            await azure(gateway, who).chat.completions.create(
+                model="no-such-deployment", messages=hi)  # type: ignore[arg-type]
+    # A wrong key is still a plain 401 invalid key.
+    with trio.fail_after(30), pytest.raises(openai.AuthenticationError) as raised:
+        await azure(gateway, "sk-wrong").chat.completions.create(
+            model="no-such-deployment", messages=hi)  # type: ignore[arg-type]
+    assert "invalid API key" in str(raised.value)
