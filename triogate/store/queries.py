@@ -484,6 +484,14 @@ class Store:
         f = spend.SpendFilter(**filters)
         return await self._threads.run("sum spend", spend.spend_totals, self._engine, f)
 
+    async def spend_breakdown(self, *, columns: Sequence[spend.GroupBy], by_day: bool,
+                              **filters: Any) -> list[dict[str, Any]]:
+        """Sums per distinct (day,) key hash / team / user / end user / model group."""
+        f = spend.SpendFilter(**filters)
+        return await self._threads.run(
+            "spend breakdown",
+            lambda: spend.spend_breakdown(self._engine, f, columns=columns, by_day=by_day))
+
     async def daily_spend(self, *, group_by: spend.GroupBy, **filters: Any) -> list[DailySpend]:
         """Sums per UTC day and per key hash / team / user / end user / model group."""
         f = spend.SpendFilter(**filters)

@@ -94,6 +94,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/spend/logs/ui"): _rule("as /spend/logs", *_EVERYONE),
     ("GET", "/spend/logs/v2"): _rule("as /spend/logs", *_EVERYONE),
     ("GET", "/spend/daily"): _ADMIN_READ,
+    ("GET", "/global/spend/report"): _ADMIN_READ,
     ("POST", "/tag/info"): _ADMIN_READ,
 }
 #: The writes and reads of each entity that have no rule above (admins write, admins

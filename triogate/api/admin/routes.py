@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from triogate.api.admin import budgets as admin_budgets
 from triogate.api.admin import keys as admin_keys
 from triogate.api.admin import members as admin_members
+from triogate.api.admin import report as admin_report
 from triogate.api.admin import rotation as admin_rotation
 from triogate.api.admin import spend as admin_spend
 from triogate.api.admin.entities import END_USERS, TAGS, TEAMS, USERS, handlers, tag_info_many
@@ -60,6 +61,7 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
         ("GET", "/spend/logs/v2"): admin_spend.spend_logs_paged,
         ("GET", "/spend/logs/ui"): admin_spend.spend_logs_paged,
         ("GET", "/spend/daily"): admin_spend.spend_daily,
+        ("GET", "/global/spend/report"): admin_report.spend_report,
         ("POST", "/tag/info"): tag_info_many,
         ("POST", "/team/member_add"): admin_members.member_add,
         ("POST", "/team/member_delete"): admin_members.member_delete,
