@@ -50,8 +50,9 @@ async def test_user_new_with_team_id_and_aliases(gateway: Gateway, api: Admin) -
     assert key["team_id"] == "eng" and key["user_id"] == "ada"
     assert key["aliases"] == {"fast": "gpt-test"}
     team = await api.get("/team/info", team_id="eng")
-    assert {"user_id": "ada", "user_email": "ada@example.com", "role": "user"} in (
-        team["team_info"]["members_with_roles"])
+    (member,) = team["team_info"]["members_with_roles"]
+    assert (member["user_id"], member["user_email"], member["role"]) == (
+        "ada", "ada@example.com", "user")
     info = await api.get("/user/info", user_id="ada")
     assert [t["team_id"] for t in info["teams"]] == ["eng"]
 

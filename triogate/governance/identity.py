@@ -46,6 +46,7 @@ from triogate.governance.decisions import Rejected
 from triogate.governance.from_rows import (
     end_user_principal,
     key_principal,
+    member_principal,
     tag_principal,
     team_principal,
     user_principal,
@@ -91,6 +92,8 @@ class KeyBundle:
     user: Principal | None = None
     #: Tags a request of this key may name and be charged to (see :func:`allowed_tags`).
     allowed_tags: tuple[str, ...] = ()
+    #: The key's user's limits inside the key's team, when the membership has any.
+    member: Principal | None = None
 
 
 def allowed_tags(key_tags: Sequence[str], *metadata: Mapping[str, Any] | None
@@ -391,9 +394,14 @@ class IdentityResolver:
                 sorted({r.team_id for r in keys.values() if r.team_id}))
             users = await self._store.get_users(
                 sorted({r.user_id for r in keys.values() if r.user_id}))
+            members = {(m.team_id, m.user_id): m for m in await self._store.team_memberships(
+                sorted({(r.team_id, r.user_id) for r in keys.values()
+                        if r.team_id and r.user_id}))}
             for key_hash in by_kind["key"]:
                 row = keys.get(key_hash)
                 team_row = teams.get(row.team_id) if row is not None and row.team_id else None
+                member = members.get((row.team_id, row.user_id)) if row is not None and (
+                    row.team_id and row.user_id) else None
                 out[("key", key_hash)] = None if row is None else KeyBundle(
                     key=_until(key_principal(row), secrets[key_hash][1]),
                     team_id=row.team_id,
@@ -403,6 +411,9 @@ class IdentityResolver:
                     user=user_principal(users[row.user_id]) if row.user_id in users else None,
                     allowed_tags=allowed_tags(row.tags, row.metadata,
                                               team_row.metadata if team_row else None),
+                    member=member_principal(member, team_row)
+                    if member is not None and member.limited and team_row is not None
+                    else None,
                 )
         if "end_user" in by_kind:
             end_users = await self._store.get_end_users(by_kind["end_user"])
@@ -465,6 +476,7 @@ class IdentityResolver:
             user=bundle.user,
             end_user=end if isinstance(end, Principal) else None,
             tags=tuple(t for t in tag_rows if isinstance(t, Principal)),
+            member=bundle.member,
         )
         if group is not None:
             party = identity.first_refusing(group, providers=providers)

@@ -425,20 +425,30 @@ class Store:
         return await self._threads.run("list memberships", ent.memberships_of, self._engine,
                                        user_id)
 
+    async def team_memberships(self, pairs: Sequence[tuple[str, str]]) -> list[TeamMember]:
+        """The memberships of those (team id, user id) pairs that exist."""
+        if not pairs:
+            return []
+        return await self._threads.run("look up memberships", ent.members_by_pair,
+                                       self._engine, list(pairs))
+
     async def change_team_members(
         self, team_id: str, *, add: Sequence[tuple[str, str, str | None]] = (),
         remove: Sequence[str] = (), roles: dict[str, str] | None = None,
-        create_users: Sequence[str] = (),
+        create_users: Sequence[str] = (), add_limits: dict[str, Any] | None = None,
+        limits: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """In one transaction: create ``create_users`` (plain users), add members
-        ``(user_id, role, email)``, set ``roles``, remove members.
+        ``(user_id, role, email)`` (each with ``add_limits``), set ``roles`` and
+        ``limits`` (``max_budget_nanousd``, ``tpm_limit``, ``rpm_limit`` per user id),
+        remove members.
 
         Raises:
             StoreConflict: an added member is already in the team (nothing written).
         """
         now = self._now_ms()
         members = [TeamMember(team_id=team_id, user_id=u, role=r, user_email=e,
-                              created_at_ms=now) for u, r, e in add]
+                              created_at_ms=now, **(add_limits or {})) for u, r, e in add]
         emails = {u: e for u, _, e in add}
         users = [ent.create_values(ent.USERS, {"user_id": u, "user_email": emails.get(u),
                                                "user_role": "internal_user"}, now_ms=now)
@@ -446,7 +456,7 @@ class Store:
         await self._threads.run(
             "change team members",
             lambda: ent.change_members(self._engine, team_id, add=members, remove=remove,
-                                       roles=roles, create_users=users),
+                                       roles=roles, create_users=users, limits=limits),
         )
 
     # ------------------------------------------------------------------- spend logs

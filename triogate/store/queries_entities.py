@@ -129,15 +129,37 @@ def memberships_of(engine: Engine, user_id: str) -> list[TeamMember]:
 
 def _member(m: Mapping[Any, Any]) -> TeamMember:
     return TeamMember(team_id=m["team_id"], user_id=m["user_id"], role=m["role"],
-                      user_email=m["user_email"], created_at_ms=m["created_at"])
+                      user_email=m["user_email"], created_at_ms=m["created_at"],
+                      max_budget_nanousd=m.get("max_budget_nanousd"),
+                      tpm_limit=m.get("tpm_limit"), rpm_limit=m.get("rpm_limit"))
+
+
+#: A member's limits: the settable columns of ``team_members`` besides its role.
+MEMBER_LIMITS = ("max_budget_nanousd", "tpm_limit", "rpm_limit")
+
+
+def members_by_pair(engine: Engine, pairs: Sequence[tuple[str, str]]) -> list[TeamMember]:
+    """The memberships of the (team, user) pairs that exist."""
+    c = schema.team_members.c
+    out: list[TeamMember] = []
+    unique = list(dict.fromkeys(pairs))
+    with engine.connect() as conn:
+        for start in range(0, len(unique), _IN_CHUNK):
+            chunk = unique[start : start + _IN_CHUNK]
+            stmt = sa.select(schema.team_members).where(sa.or_(
+                *(sa.and_(c.team_id == t, c.user_id == u) for t, u in chunk)))
+            out += [_member(m) for m in conn.execute(stmt).mappings()]
+    return out
 
 
 def change_members(
     engine: Engine, team_id: str, *, add: Sequence[TeamMember] = (),
     remove: Sequence[str] = (), roles: Mapping[str, str] | None = None,
     create_users: Sequence[Mapping[str, Any]] = (),
+    limits: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """In one transaction: create missing users, add members, set roles, remove members.
+    """In one transaction: create missing users, add members, set roles and limits
+    (``MEMBER_LIMITS`` columns per user id), remove members.
 
     An added member that already exists raises ``IntegrityError`` (nothing is written).
     """
@@ -148,11 +170,16 @@ def change_members(
         if add:
             conn.execute(sa.insert(schema.team_members), [
                 {"team_id": team_id, "user_id": m.user_id, "role": m.role,
-                 "user_email": m.user_email, "created_at": m.created_at_ms} for m in add])
+                 "user_email": m.user_email, "created_at": m.created_at_ms,
+                 **{name: getattr(m, name) for name in MEMBER_LIMITS}} for m in add])
         for user_id, role in (roles or {}).items():
             conn.execute(sa.update(schema.team_members)
                          .where(c.team_id == team_id, c.user_id == user_id)
                          .values(role=role))
+        for user_id, values in (limits or {}).items():
+            conn.execute(sa.update(schema.team_members)
+                         .where(c.team_id == team_id, c.user_id == user_id)
+                         .values(**{k: values[k] for k in MEMBER_LIMITS if k in values}))
         if remove:
             conn.execute(sa.delete(schema.team_members)
                          .where(c.team_id == team_id, c.user_id.in_(list(remove))))

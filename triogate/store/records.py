@@ -246,13 +246,24 @@ class BudgetRow:
 @attrs.frozen(kw_only=True)
 class TeamMember:
     """One member of a team: ``role`` is ``"admin"`` (manages members and the team's
-    keys) or ``"user"``."""
+    keys) or ``"user"``. ``max_budget_nanousd`` (LiteLLM's ``max_budget_in_team``),
+    ``tpm_limit`` and ``rpm_limit`` bound the member's requests through the team's keys
+    (the budget per period of the team's ``budget_duration``)."""
 
     team_id: str
     user_id: str
     role: str
     user_email: str | None = None
     created_at_ms: int = 0
+    max_budget_nanousd: int | None = None
+    tpm_limit: int | None = None
+    rpm_limit: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether the member has a budget or a rate limit of its own in the team."""
+        return any(v is not None for v in (self.max_budget_nanousd, self.tpm_limit,
+                                           self.rpm_limit))
 
 
 @final

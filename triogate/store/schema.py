@@ -149,6 +149,10 @@ team_members = sa.Table(
     sa.Column("user_email", sa.Text, nullable=True),
     sa.Column("created_at", sa.BigInteger, nullable=False),
     sa.Index("ix_team_members_user", "user_id"),
+    # Per-member limits inside the team (``max_budget_in_team``); null = none.
+    sa.Column("max_budget_nanousd", sa.BigInteger, nullable=True),
+    sa.Column("tpm_limit", sa.BigInteger, nullable=True),
+    sa.Column("rpm_limit", sa.BigInteger, nullable=True),
 )
 
 #: LiteLLM's budget table: limits shared by every key, team, user or end user whose

@@ -431,8 +431,15 @@ def render_row(row: Any) -> dict[str, Any]:
 
 
 def render_member(member: Any) -> dict[str, Any]:
-    """A team member as LiteLLM's ``members_with_roles`` entry."""
-    return {"user_id": member.user_id, "user_email": member.user_email, "role": member.role}
+    """A team member as LiteLLM's ``members_with_roles`` entry, with its limits inside
+    the team (``max_budget_in_team``, and LiteLLM's ``litellm_budget_table``)."""
+    budget = getattr(member, "max_budget_nanousd", None)
+    limits = {"max_budget": usd(budget), "tpm_limit": getattr(member, "tpm_limit", None),
+              "rpm_limit": getattr(member, "rpm_limit", None)}
+    return {"user_id": member.user_id, "user_email": member.user_email, "role": member.role,
+            "max_budget_in_team": usd(budget), "max_budget_in_team_nanousd": budget,
+            "litellm_budget_table": limits if any(v is not None for v in limits.values())
+            else None}
 
 
 def render_budget(state: BudgetState | None) -> dict[str, Any]:
