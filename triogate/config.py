@@ -29,12 +29,15 @@ import yaml
 from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
-from triogate import config_litellm
+from triogate import LITELLM_VERSION as LITELLM_VERSION
+from triogate import __version__, config_litellm
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+#: triogate's own version (readiness shows it next to ``LITELLM_VERSION``).
+TRIOGATE_VERSION = __version__
 PROVIDERS = ("openai", "anthropic", "mock")
 STRATEGIES = (
     "simple-shuffle",
@@ -146,6 +149,8 @@ class GeneralSettingsFile:
     store_model_in_db: bool = attrs.field(
         default=False, validator=_only_false("models stored in the database (the config "
                                              "file's model_list is the only source)"))
+    #: Keep each request's messages and its answer on its spend-log row (off: users' data).
+    store_prompts_in_spend_logs: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -476,6 +481,8 @@ class GatewayConfig:
     #: Built-in callbacks switched on (``prometheus``, ``otel``).
     callbacks: frozenset[str] = frozenset()
     otel: OtelSettings | None = None
+    #: ``general_settings.store_prompts_in_spend_logs``.
+    store_prompts_in_spend_logs: bool = False
 
     @property
     def groups(self) -> dict[str, tuple[Deployment, ...]]:
@@ -724,6 +731,7 @@ def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
         drop_params=ls.drop_params,
         verbose=ls.set_verbose,
         callbacks=callbacks,
+        store_prompts_in_spend_logs=file.general_settings.store_prompts_in_spend_logs,
     )
 
 

@@ -1,5 +1,7 @@
 """``GET /global/spend/report`` over real HTTP, in LiteLLM's documented shapes: per day
-and team, per day and customer, per key (also for one key or one user's keys)."""
+and team, per day and customer, per key (also for one key or one user's keys); and the
+spend rows' LiteLLM fields (``metadata``, ``cache_key``, ``api_base``, and with
+``store_prompts_in_spend_logs`` the ``messages`` and ``response``)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,17 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from tests.e2e.conftest import spend_rows
+from tests.e2e.conftest import gateway_config, running_gateway, spend_rows
 from tests.e2e.test_admin_api import MESSAGES, Admin, admin_client, chat, sdk
 from triogate.store import hash_key
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
 
     from tests.e2e.conftest import Gateway
+    from triogate.batch import RespBackend
+    from triogate.testing.fakeupstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -90,3 +95,53 @@ async def test_spend_report_checks_its_query_and_its_caller(gateway: Gateway,
     user = await api.post("/user/new", {"user_id": "u"})
     async with admin_client(gateway, user["key"]) as someone:
         await someone.get("/global/spend/report", **_range(), status=403)
+
+
+async def test_spend_rows_carry_litellm_metadata_cache_key_and_api_base(
+        gateway: Gateway, api: Admin) -> None:
+    await api.post("/team/new", {"team_id": "t1"})
+    key = (await api.post("/key/generate", {"team_id": "t1", "key_alias": "ci"}))["key"]
+    with trio.fail_after(20):
+        await sdk(gateway, key).chat.completions.create(
+            model="gpt-test", messages=MESSAGES, user="palantir",  # type: ignore[arg-type]
+            extra_body={"metadata": {"tags": ["nightly"], "job": "ci-42",
+                                     "spend_logs_metadata": {"cost_center": "R&D"}}})
+    await spend_rows(gateway, 1)
+    (row,) = await api.get("/spend/logs")
+    assert row["metadata"]["user_api_key"] == hash_key(key)
+    assert row["metadata"]["user_api_key_alias"] == "ci"
+    assert row["metadata"]["user_api_key_team_id"] == "t1"
+    assert row["metadata"]["user_api_key_end_user_id"] == "palantir"
+    assert row["metadata"]["requester_metadata"]["job"] == "ci-42"
+    assert row["metadata"]["spend_logs_metadata"] == {"cost_center": "R&D"}
+    assert row["api_base"].endswith("/v1") and row["api_base"].startswith("http://127.0.0.1")
+    assert row["cache_key"] is None  # the response cache is off here
+    assert row["messages"] is None and row["response"] is None  # prompts are not stored
+
+
+@pytest.fixture
+async def storing(tmp_path: Path, redis: RespBackend, redis_url: str,
+                  upstream: FakeUpstream) -> AsyncIterator[Gateway]:
+    """A gateway with the response cache on and store_prompts_in_spend_logs."""
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                            litellm_settings={"cache": True},
+                            general_settings={"store_prompts_in_spend_logs": True})
+    with trio.fail_after(60):
+        async with running_gateway(config) as gw:
+            yield gw
+
+
+async def test_store_prompts_in_spend_logs_keeps_messages_and_response(
+        storing: Gateway) -> None:
+    async with admin_client(storing) as api:
+        key = (await api.post("/key/generate", {}))["key"]
+        with trio.fail_after(20):
+            answer = await sdk(storing, key).chat.completions.create(
+                model="gpt-test", messages=MESSAGES)  # type: ignore[arg-type]
+        await spend_rows(storing, 1)
+        (row,) = await api.get("/spend/logs")
+    assert row["messages"] == MESSAGES
+    assert row["response"]["id"] == answer.id
+    assert row["response"]["choices"][0]["message"]["content"] == (
+        answer.choices[0].message.content)
+    assert isinstance(row["cache_key"], str) and row["cache_key"]

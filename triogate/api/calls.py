@@ -178,4 +178,5 @@ def make_call(
         output_tokens=output_tokens,
         routing=controls.routing(services, body, request, ref),
         drop_params=controls.drop_params(body),
+        metadata=body["metadata"] if isinstance(body.get("metadata"), dict) else None,
     )

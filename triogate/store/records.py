@@ -289,6 +289,12 @@ class SpendLogRow:
             ``msg_…``, ``resp_…``), when there was one.
         client_request_id: the client's own ``x-request-id``, when it sent one (the
             response then carries it; ``request_id`` stays the gateway's, unique).
+        metadata: LiteLLM's spend-log metadata (who was charged, the request's own
+            ``metadata``), as JSON text.
+        cache_key: the response-cache key of the request, when the cache was used.
+        api_base: the answering deployment's base URL.
+        messages, response: the request's messages and the answer, as JSON text (only
+            with ``store_prompts_in_spend_logs``).
     """
 
     request_id: str
@@ -313,6 +319,11 @@ class SpendLogRow:
     end_time_ms: int = 0
     response_id: str | None = None
     client_request_id: str | None = None
+    metadata: str | None = None
+    cache_key: str | None = None
+    api_base: str | None = None
+    messages: str | None = None
+    response: str | None = None
 
 
 @final

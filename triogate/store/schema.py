@@ -193,6 +193,13 @@ spend_logs = sa.Table(
     sa.Column("response_id", sa.Text, nullable=True),
     sa.Column("client_request_id", sa.Text, nullable=True),
     sa.Index("ix_spend_logs_client_request_id", "client_request_id"),
+    # LiteLLM's spend-log fields: JSON text (metadata, messages, response), and the
+    # response-cache key and the deployment's api_base.
+    sa.Column("metadata", sa.Text, nullable=True),
+    sa.Column("cache_key", sa.Text, nullable=True),
+    sa.Column("api_base", sa.Text, nullable=True),
+    sa.Column("messages", sa.Text, nullable=True),
+    sa.Column("response", sa.Text, nullable=True),
     # One index per report filter; each ends with the time so ranges stay indexed.
     sa.Index("ix_spend_logs_key_time", "key_hash", "start_time_ms"),
     sa.Index("ix_spend_logs_team_time", "team_id", "start_time_ms"),

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from triogate.api.admin.common import sql, store_of
 from triogate.api.admin.fields import (
     iso,
@@ -108,7 +110,22 @@ def render_log(row: SpendLogRow) -> dict[str, Any]:
         "endTime": iso(row.end_time_ms),
         "start_time_ms": row.start_time_ms,
         "end_time_ms": row.end_time_ms,
+        "metadata": _json(row.metadata) or {},
+        "cache_key": row.cache_key,
+        "api_base": row.api_base,
+        "messages": _json(row.messages),
+        "response": _json(row.response),
     }
+
+
+def _json(text: str | None) -> Any:
+    """A JSON-text column's value (None when empty or unreadable)."""
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def scoped(caller: Caller, found: dict[str, Any]) -> dict[str, Any]:
