@@ -16,6 +16,7 @@ import openai
 import pytest
 import trio
 
+from tests.e2e.conftest import spend_rows
 from tests.e2e.test_admin_api import Admin, admin_client, chat
 from triogate import LITELLM_VERSION, __version__
 
@@ -233,3 +234,49 @@ async def test_azure_route_answers_401_for_a_deployment_the_key_may_not_use(
         await azure(gateway, "sk-wrong").chat.completions.create(
             model="no-such-deployment", messages=hi)  # type: ignore[arg-type]
     assert "invalid API key" in str(raised.value)
+
+
+# --------------------------------------------------------------------------- a,b models
+
+
+async def _post_chat(gateway: Gateway, key: str, body: dict[str, object]) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as http:
+        with trio.fail_after(30):
+            return await http.post(f"{gateway.openai_base}/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key}"})
+
+
+async def test_comma_separated_models_answer_once_per_model(
+        gateway: Gateway, api: Admin) -> None:
+    key = (await api.post("/key/generate", {}))["key"]
+    body = {"model": "gpt-test, claude-test", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hello there"}]}
+    response = await _post_chat(gateway, key, body)
+    assert response.status_code == 200, response.text
+    first, second = response.json()
+    assert first["object"] == second["object"] == "chat.completion"
+    assert first["choices"][0]["message"]["content"]
+    assert second["choices"][0]["message"]["content"]
+    assert first["id"] != second["id"]
+    rows = await spend_rows(gateway, 2)
+    assert {r.model_group for r in rows} == {"gpt-test", "claude-test"}
+    assert len({r.request_id for r in rows}) == 2
+
+
+async def test_comma_separated_models_answer_each_refusal_in_place(
+        gateway: Gateway, api: Admin) -> None:
+    key = (await api.post("/key/generate", {"models": ["gpt-test"]}))["key"]
+    body = {"model": "gpt-test,claude-test",
+            "messages": [{"role": "user", "content": "hello"}]}
+    response = await _post_chat(gateway, key, body)
+    assert response.status_code == 200, response.text
+    answer, refusal = response.json()
+    assert answer["choices"]
+    assert refusal["error"]["code"] == "model_not_allowed"
+    # Every model refused: the first refusal is the response.
+    body["model"] = "claude-test,no-such-model"
+    response = await _post_chat(gateway, key, body)
+    assert response.status_code == 403, response.text
+    for bad, status in ((dict(body, stream=True), 400), (dict(body, model="a,,b"), 400)):
+        assert (await _post_chat(gateway, key, bad)).status_code == status
+    assert (await _post_chat(gateway, "sk-wrong", body)).status_code == 401

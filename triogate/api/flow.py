@@ -197,8 +197,13 @@ class SettledAfter(Response):
         try:
             await super().send(send, receive, head=head)
         finally:  # sync: nothing can cancel it half-way
-            services, call, admitted, outcome = self._settle
-            settlement.settle(services, call, admitted, outcome=outcome)
+            self.settle()
+
+    def settle(self) -> None:
+        """Settle the request now (once: later calls do nothing). For a response that
+        is part of another one (``multi.py``) and never sent itself."""
+        services, call, admitted, outcome = self._settle
+        settlement.settle(services, call, admitted, outcome=outcome)
 
 
 @attrs.define
