@@ -613,8 +613,12 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
             f"{entry.model_name!r} does not fill"
         )
     mode = str(entry.model_info.get("mode", "chat"))
-    if mode not in ("chat", "embedding"):
-        raise ConfigError(f"$.model_list[{i}].model_info.mode: {mode!r} is not chat or embedding")
+    if mode not in ("chat", "embedding", "moderation"):
+        raise ConfigError(f"$.model_list[{i}].model_info.mode: {mode!r} is not chat, "
+                          "embedding or moderation")
+    if mode == "moderation" and provider != "openai":
+        raise ConfigError(f"$.model_list[{i}].model_info.mode: moderation needs an "
+                          "OpenAI-compatible deployment (openai/...)")
     groups = entry.model_info.get("access_groups", [])
     if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
         raise ConfigError(f"$.model_list[{i}].model_info.access_groups: must be a list of "

@@ -15,6 +15,7 @@ from triogate.api import (
     messages,
     model_health,
     model_info,
+    moderations,
     responses,
 )
 from triogate.api.admin import unsupported
@@ -60,6 +61,7 @@ def table() -> dict[tuple[str, str], Route]:
         routes[("POST", f"{prefix}/responses")] = Route(responses.create_response)
         routes[("POST", f"{prefix}/embeddings")] = Route(embeddings.create_embeddings)
         routes[("POST", f"{prefix}/completions")] = Route(completions.completions)
+        routes[("POST", f"{prefix}/moderations")] = Route(moderations.create_moderation)
         routes[("GET", f"{prefix}/models")] = Route(model_info.models)
     for (method, path), handler in {**unsupported_routes(), **admin_routes()}.items():
         routes[(method, path)] = Route(handler)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 #: ``SpendLogRow.api`` values.
-APIS = ("chat", "messages", "responses", "embeddings")
+APIS = ("chat", "messages", "responses", "embeddings", "moderations")
 #: ``SpendLogRow.status`` values.
 STATUSES = ("success", "error", "rejected", "cancelled")
 
