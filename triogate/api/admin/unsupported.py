@@ -117,7 +117,7 @@ def refuse(what: str) -> Handler:
     async def refuse(services: Services, request: Request) -> Response:
         await trio.lowlevel.checkpoint()
         raise ApiError(400, f"triogate does not have {what} (see docs/litellm-admin.md, "
-                       "'Routes triogate does not have')", "invalid_request_error",
+                       "'Unsupported LiteLLM routes')", "invalid_request_error",
                        code="unsupported_feature")
 
     return refuse
