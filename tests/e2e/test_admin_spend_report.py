@@ -140,8 +140,19 @@ async def test_store_prompts_in_spend_logs_keeps_messages_and_response(
                 model="gpt-test", messages=MESSAGES)  # type: ignore[arg-type]
         await spend_rows(storing, 1)
         (row,) = await api.get("/spend/logs")
-    assert row["messages"] == MESSAGES
-    assert row["response"]["id"] == answer.id
-    assert row["response"]["choices"][0]["message"]["content"] == (
-        answer.choices[0].message.content)
-    assert isinstance(row["cache_key"], str) and row["cache_key"]
+        assert row["messages"] == MESSAGES
+        assert row["response"]["id"] == answer.id
+        assert row["response"]["choices"][0]["message"]["content"] == (
+            answer.choices[0].message.content)
+        assert isinstance(row["cache_key"], str) and row["cache_key"]
+        # A stream (not cached: no-store): its answer is assembled from its events.
+        other = [{"role": "user", "content": "another question, streamed"}]
+        with trio.fail_after(20):
+            stream = await sdk(storing, key).chat.completions.create(
+                model="gpt-test", messages=other, stream=True,  # type: ignore[arg-type]
+                extra_body={"cache": {"no-store": True}})
+            text = "".join([c.choices[0].delta.content or "" async for c in stream
+                            if c.choices])
+        await spend_rows(storing, 2)
+        streamed = next(r for r in await api.get("/spend/logs") if r["messages"] == other)
+    assert text and streamed["response"]["choices"][0]["message"]["content"] == text

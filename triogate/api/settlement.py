@@ -223,9 +223,7 @@ def _prompts(call: Call, outcome: Outcome) -> tuple[str | None, str | None]:
     """The request's messages (or input) and the answer, as JSON text."""
     body = call.body
     sent = next((body[f] for f in ("messages", "input", "prompt") if f in body), None)
-    answer: Any = outcome.body
-    if answer is None and outcome.events:
-        answer = outcome.events
+    answer = outcome.body  # a stream's: assembled as it passed (flow._stream)
     return (None if sent is None else orjson.dumps(sent).decode(),
             None if answer is None else orjson.dumps(answer).decode())
 
