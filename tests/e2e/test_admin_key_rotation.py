@@ -180,3 +180,12 @@ async def test_scheduled_rotation_rotates_due_keys_and_hands_over_the_secret(
             # Turning it off stops the schedule.
             off = await api.post("/key/update", {"key": made["token"], "auto_rotate": False})
             assert off["key_rotation_at"] is None
+
+
+async def test_a_chosen_key_may_not_be_another_keys_rotated_secret(gateway: Gateway) -> None:
+    async with admin_client(gateway) as api:
+        old = (await api.post("/key/generate", {}))["key"]
+        new = (await api.post("/key/regenerate", {"key": old}))["key"]
+        error = (await api.post("/key/generate", {"key": new}, status=409))["error"]
+        assert error["param"] == "key" and new not in error["message"]
+        assert (await chat(gateway, new)).choices

@@ -43,6 +43,7 @@ from triogate.api.admin.selfserve import check_key_write
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.governance.from_rows import key_principal
+from triogate.store import hash_key
 
 if TYPE_CHECKING:
     from triogate.api.admin.roles import Caller
@@ -70,6 +71,18 @@ async def find_key(store: Store, ref: str) -> KeyRow | None:
             by_secret = await store.keys_by_secret(key_candidates(ref))
             return next((row for row, ends in by_secret.values() if ends is None), None)
     return next(iter(found.values()), None)
+
+
+async def require_unused(store: Store, raw: str, param: str) -> None:
+    """409 when the chosen raw key already names a key or authenticates as one (a
+    rotated key's secret). A checkpoint."""
+    digest = hash_key(raw)
+    with sql("look up key"):
+        taken = await store.get_keys([digest]) or await store.keys_by_secret([digest])
+    if taken:
+        raise ApiError(409, f"{param}: a key with this value already exists",
+                       "invalid_request_error",
+                       param=param, code="conflict")
 
 
 def schedule(fields: dict[str, Any], now_ms: int, row: KeyRow | None = None
@@ -115,6 +128,8 @@ async def generate(services: Services, request: Request, caller: Caller) -> Resp
     fields = schedule(fields, services.clock_ms())
     await require_team(store, fields.get("team_id"))
     await require_alias_free(store, fields.get("key_alias"))
+    if raw_key is not None:
+        await require_unused(store, raw_key, "key")
     with sql("create key"):
         raw, row = await store.create_key(raw_key=raw_key, **fields)
     # A chosen key may have been tried before, and be remembered as unknown.

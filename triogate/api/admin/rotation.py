@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 from triogate.api.admin.bounds import bad, check_custom_key
 from triogate.api.admin.common import announce, begin, context, not_found, sql, store_of
 from triogate.api.admin.fields import KEY_FIELDS, parse_fields, render_row, required_str, seconds
-from triogate.api.admin.keys import apply_update, writable
+from triogate.api.admin.keys import apply_update, require_unused, writable
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
-from triogate.store import hash_key
 
 if TYPE_CHECKING:
     from triogate.api.admin.roles import Caller
@@ -65,7 +64,7 @@ async def _regenerate(services: Services, caller: Caller, ref: str, body: dict[s
     new_raw = None
     if body.get("new_key") is not None:
         new_raw = check_custom_key(body["new_key"], services.config.master_key)
-        await _require_unused(services, new_raw)
+        await require_unused(store, new_raw, "new_key")
     if fields:
         row = await apply_update(services, caller, row, fields)
     with sql("regenerate key"):
@@ -86,14 +85,3 @@ def next_rotation(row: KeyRow, now_ms: int) -> int | None:
     if not row.auto_rotate or row.rotation_interval is None:
         return row.key_rotation_at_ms
     return now_ms + seconds("rotation_interval", row.rotation_interval) * 1000
-
-
-async def _require_unused(services: Services, raw: str) -> None:
-    """409 when ``raw`` already authenticates as (or names) a key. A checkpoint."""
-    store = store_of(services)
-    digest = hash_key(raw)
-    with sql("look up key"):
-        taken = await store.get_keys([digest]) or await store.keys_by_secret([digest])
-    if taken:
-        raise ApiError(409, "new_key is already in use", "invalid_request_error",
-                       param="new_key", code="conflict")
