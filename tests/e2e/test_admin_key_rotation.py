@@ -189,3 +189,20 @@ async def test_a_chosen_key_may_not_be_another_keys_rotated_secret(gateway: Gate
         error = (await api.post("/key/generate", {"key": new}, status=409))["error"]
         assert error["param"] == "key" and new not in error["message"]
         assert (await chat(gateway, new)).choices
+
+
+async def test_a_change_to_a_rotated_key_reaches_every_process(
+        pair: tuple[Gateway, Gateway, Admin]) -> None:
+    a, b, api = pair
+    old = (await api.post("/key/generate", {}))["key"]
+    new = (await api.post("/key/regenerate", {"key": old}))["key"]
+    for gateway in (a, b):  # both remember the key under its new secret's hash
+        assert (await chat(gateway, new)).choices
+    await api.post("/key/block", {"key": new})
+    assert await status_of(a, new) == 401
+
+    async def blocked_on_b() -> bool:
+        return await status_of(b, new) == 401
+
+    # Memory lives 60 s: only the announcement, by the key's id, explains this.
+    assert await poll(blocked_on_b, timeout_s=5, interval_s=0.05) < 1.5

@@ -207,6 +207,9 @@ class IdentityResolver:
         self._memory: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._max_unknown_tags = max_unknown_tags
         self._unknown_tags: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        # A rotated key is remembered under its secret's hash, not its id: id → those
+        # hashes, so that forgetting the key by id drops them (no scan of memory).
+        self._by_secret: dict[str, set[str]] = {}
         self._subscribed = False
         # Changes not announced yet (an ordered set): retried by run().
         self._outbox: dict[tuple[str, str], None] = {}
@@ -232,6 +235,10 @@ class IdentityResolver:
         table[(kind, ident)] = _Entry(row, trio.current_time() + self._ttl(row))
         while len(table) > bound:
             table.popitem(last=False)
+        if isinstance(row, KeyBundle) and row.key.id != ident:
+            if len(self._by_secret) >= bound:  # hints only: stale ones are harmless
+                self._by_secret.clear()
+            self._by_secret.setdefault(row.key.id, set()).add(ident)
 
     def _get(self, kind: str, ident: str) -> _Entry | None:
         entry = self._memory.get((kind, ident))
@@ -266,13 +273,13 @@ class IdentityResolver:
         if kind == "*":
             self._memory.clear()
             self._unknown_tags.clear()
+            self._by_secret.clear()
             return
         self._memory.pop((kind, ident), None)
         self._unknown_tags.pop((kind, ident), None)
         if kind == "key":  # remembered by its secret's hash, which may not be its id
-            for k in [k for k, e in self._memory.items()
-                      if isinstance(e.row, KeyBundle) and e.row.key.id == ident]:
-                del self._memory[k]
+            for secret in self._by_secret.pop(ident, ()):
+                self._memory.pop(("key", secret), None)
         if kind in ("team", "user"):
             stale = [
                 k for k, e in self._memory.items()
@@ -600,6 +607,7 @@ class IdentityResolver:
                 async with self._subscribe(IDENTITY_CHANNEL) as messages:
                     self._memory.clear()
                     self._unknown_tags.clear()
+                    self._by_secret.clear()
                     self._subscribed = True
                     delay_s = 0.2
                     await self._consume(messages)
