@@ -50,6 +50,7 @@ from triogate.governance.identity import IdentityResolver
 from triogate.governance.leases import LeaseKeeper
 from triogate.governance.local import LocalGovernance
 from triogate.governance.principals import Limits
+from triogate.governance.rotation import KeyRotator
 from triogate.metrics import Metrics
 from triogate.otel import SpanExporter
 from triogate.providers import build_providers
@@ -208,6 +209,8 @@ async def open_gateway(
             ttl_s=settings.governance.identity_ttl_s,
         )
         nursery.start_soon(identities.run)
+        rotator = KeyRotator(store, identities, settings.key_rotation, clock_ms)
+        await nursery.start(rotator.run)
         spend_logs = SpendLogWriter(
             store, interval_s=settings.spend_log_interval_s,
             batch_rows=settings.spend_log_batch_rows, fallback_dir=state_dir / "spendlog",

@@ -29,13 +29,16 @@ import yaml
 from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
-from triogate import config_cloud, config_litellm
+from triogate import LITELLM_VERSION as LITELLM_VERSION
+from triogate import __version__, config_cloud, config_litellm
 from triogate.config_governance import GovernanceFeatures, governance_features
 from triogate.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+#: triogate's own version (readiness shows it next to ``LITELLM_VERSION``).
+TRIOGATE_VERSION = __version__
 PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "mock")
 # Azure OpenAI and LiteLLM's OpenAI-compatible provider names (config_litellm).
 #: Provider names served by the OpenAI-compatible provider.
@@ -196,6 +199,8 @@ class GeneralSettingsFile:
     store_model_in_db: bool = attrs.field(
         default=False, validator=_only_false("models stored in the database (the config "
                                              "file's model_list is the only source)"))
+    #: Keep each request's messages and its answer on its spend-log row (off: users' data).
+    store_prompts_in_spend_logs: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -323,6 +328,22 @@ class HttpSettings:
 
 
 @attrs.frozen(kw_only=True)
+class KeyRotationSettings:
+    """``triogate.key_rotation``: the scheduled rotation of keys with ``auto_rotate``.
+
+    ``check_interval_s``: how often each process looks for keys due (one of them
+    rotates each key). ``grace_period_s``: how long a rotated-out secret keeps working.
+    ``secrets_dir``: where each new secret is written (a file named by the key's alias,
+    else its id, mode 0600), for a secret-sync agent to pick up; unset, the new secret
+    is shown to nobody and the key's holder asks an admin for one.
+    """
+
+    check_interval_s: float = attrs.field(default=60.0, validator=_positive)
+    grace_period_s: float = attrs.field(default=0.0, validator=_non_negative)
+    secrets_dir: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class TriogateSettings:
     """The ``triogate:`` section: everything LiteLLM's file has no name for."""
 
@@ -332,6 +353,7 @@ class TriogateSettings:
     governance: GovernanceSettings = attrs.Factory(GovernanceSettings)
     cache: ResponseCacheSettings = attrs.Factory(ResponseCacheSettings)
     http: HttpSettings = attrs.Factory(HttpSettings)
+    key_rotation: KeyRotationSettings = attrs.Factory(KeyRotationSettings)
     tracing: bool = False
     log_prompts: bool = False
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
@@ -551,6 +573,8 @@ class GatewayConfig:
     otel: OtelSettings | None = None
     #: Proxy-wide budget, alerting and guardrails (``config_governance``).
     governance: GovernanceFeatures = attrs.Factory(GovernanceFeatures)
+    #: ``general_settings.store_prompts_in_spend_logs``.
+    store_prompts_in_spend_logs: bool = False
 
     @property
     def groups(self) -> dict[str, tuple[Deployment, ...]]:
@@ -698,8 +722,12 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
             f"{entry.model_name!r} does not fill"
         )
     mode = str(entry.model_info.get("mode", "chat"))
-    if mode not in ("chat", "embedding"):
-        raise ConfigError(f"$.model_list[{i}].model_info.mode: {mode!r} is not chat or embedding")
+    if mode not in ("chat", "embedding", "moderation"):
+        raise ConfigError(f"$.model_list[{i}].model_info.mode: {mode!r} is not chat, "
+                          "embedding or moderation")
+    if mode == "moderation" and provider != "openai":
+        raise ConfigError(f"$.model_list[{i}].model_info.mode: moderation needs an "
+                          "OpenAI-compatible deployment (openai/...)")
     groups = entry.model_info.get("access_groups", [])
     if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
         raise ConfigError(f"$.model_list[{i}].model_info.access_groups: must be a list of "
@@ -869,6 +897,7 @@ def normalise(file: ConfigFile, *, source: str,
             alerting=file.general_settings.alerting,
             webhook_url=file.general_settings.alerting_webhook_url,
             guardrails=file.guardrails),
+        store_prompts_in_spend_logs=file.general_settings.store_prompts_in_spend_logs,
     )
 
 

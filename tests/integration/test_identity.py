@@ -150,8 +150,8 @@ class ChangedDuringRead:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    async def get_keys(self, hashes: list[str]) -> object:
-        rows = await self._store.get_keys(hashes)
+    async def keys_by_secret(self, hashes: list[str]) -> object:
+        rows = await self._store.keys_by_secret(hashes)
         for key_hash in hashes:  # the admin path: SQL first, then the generation bump
             await self._store.update_key(key_hash, rpm_limit=1)
         await self._redis.execute([("INCR", "tg:{id}:gen")])

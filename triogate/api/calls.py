@@ -121,8 +121,9 @@ def check_mode(services: Services, group: str, *, embedding: bool) -> None:
     modes = {d.mode for d in services.groups[group]}
     if embedding and "embedding" not in modes:
         raise ApiError(400, f"model '{group}' is not an embedding model", param="model")
-    if not embedding and modes == {"embedding"}:
-        raise ApiError(400, f"model '{group}' is an embedding model", param="model")
+    if not embedding and "chat" not in modes:
+        kind = "an embedding" if "embedding" in modes else "a moderation"
+        raise ApiError(400, f"model '{group}' is {kind} model", param="model")
 
 
 def output_estimate(services: Services, body: dict[str, Any], *names: str) -> int:
@@ -180,6 +181,7 @@ def make_call(
         routing=controls.routing(services, body, request, ref),
         drop_params=controls.drop_params(body),
         guardrails=requested_guardrails(services, body),
+        metadata=body["metadata"] if isinstance(body.get("metadata"), dict) else None,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from triogate.api import calls, flow, shapes, validate
+from triogate.api import calls, flow, multi, shapes, validate
 from triogate.api.errors import ApiError
 
 if TYPE_CHECKING:
@@ -34,7 +34,16 @@ def check_messages(body: dict[str, Any]) -> None:
 
 @calls.auth_first
 async def chat_completions(services: Services, request: Request) -> Response:
-    """Validate, then run the common flow with api ``chat``."""
+    """Validate, then run the common flow with api ``chat`` (once per model of a
+    comma-separated ``model``: ``multi.py``)."""
+    body = await request.json(services.config.settings.max_body_bytes)
+    names = multi.models_of(body)
+    if names is not None:
+        return await multi.fan_out(services, request, body, names, _one)
+    return await _one(services, request)  # its json() answers the same body
+
+
+async def _one(services: Services, request: Request) -> Response:
     body, group = await calls.read_body(services, request)
     check_messages(body)
     shapes.chat(body)

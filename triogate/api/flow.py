@@ -242,8 +242,13 @@ class SettledAfter(Response):
         try:
             await super().send(send, receive, head=head)
         finally:  # sync: nothing can cancel it half-way
-            services, call, admitted, outcome = self._settle
-            settlement.settle(services, call, admitted, outcome=outcome)
+            self.settle()
+
+    def settle(self) -> None:
+        """Settle the request now (once: later calls do nothing). For a response that
+        is part of another one (``multi.py``) and never sent itself."""
+        services, call, admitted, outcome = self._settle
+        settlement.settle(services, call, admitted, outcome=outcome)
 
     def refuse(self, exc: Exception, error: ApiError) -> ApiError:
         """Settle now, as a failure the client gets as ``error`` instead of this answer
@@ -296,15 +301,18 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
     async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
         # The outcome needs the first event that names the response id (all that
         # settlement.response_id reads) and, when the response cache stores the answer or
-        # the request's log line carries it (log_prompts), the answer: each event is
+        # the request's log line or spend row carries it (log_prompts,
+        # store_prompts_in_spend_logs), the answer: each event is
         # folded into it as it passes (cache/assembly.py keeps the text pieces, not the
         # events). Keeping every event (as dicts, then as wire bytes parsed again at the
         # end) cost the collector's walks, ~90 MB at 4,096 streams and ~1 us per chunk
         # (bench/streams.py).
         naming: list[dict[str, Any]] | None = None  # [that event], once one came
         cache = services.cache
-        wanted = services.config.settings.log_prompts or (
-            cache is not None and admitted.cached is None and cache.stores(call.cache))
+        wanted = (services.config.settings.log_prompts
+                  or services.config.store_prompts_in_spend_logs
+                  or (cache is not None and admitted.cached is None
+                      and cache.stores(call.cache)))
         assembly = assembler(call.api) if wanted else None
         fold = assembly.feed if assembly is not None else None
         error: ProviderError | None = None

@@ -11,6 +11,7 @@ from triogate.api import auth
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.batch import BackendUnavailable, CommandError
+from triogate.config import LITELLM_VERSION, TRIOGATE_VERSION
 from triogate.errors import StoreError
 from triogate.metrics import CONTENT_TYPE
 
@@ -53,7 +54,8 @@ async def readiness(services: Services, request: Request) -> Response:
     because the shared Redis blinked would turn a blip into an outage. ``?strict=1``
     answers 503 instead.
     """
-    body: dict[str, object] = {"status": "ready"}
+    body: dict[str, object] = {"status": "ready", "triogate_version": TRIOGATE_VERSION,
+                               "litellm_version": LITELLM_VERSION}
     backend = services.backends["counters"]
     try:
         # Not PING: a server loading its data set answers PING but refuses every write

@@ -54,6 +54,8 @@ class Request:
         self.started_at = trio.current_time()
         #: Set once the caller's key has been checked (admission or auth_first).
         self.authenticated = False
+        #: The body :meth:`json` parsed (a second call answers it: the body is read once).
+        self._json: dict[str, Any] | None = None
 
     async def body(self, max_bytes: int) -> bytes:
         """The whole body, refused with 413 past ``max_bytes`` (before reading it all)."""
@@ -75,7 +77,11 @@ class Request:
                 return b"".join(chunks)
 
     async def json(self, max_bytes: int) -> dict[str, Any]:
-        """The body parsed as a JSON object; 400 with a precise message otherwise."""
+        """The body parsed as a JSON object; 400 with a precise message otherwise.
+
+        A second call answers the same object (without a checkpoint)."""
+        if self._json is not None:
+            return self._json
         raw = await self.body(max_bytes)
         if not raw:
             raise ApiError(400, "request body is empty; expected a JSON object")
@@ -88,6 +94,7 @@ class Request:
         # Fewer brackets than the limit cannot nest past it: most bodies skip the walk.
         if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
             check_depth(value)
+        self._json = value
         return value
 
     def bearer(self) -> str | None:

@@ -17,10 +17,10 @@ from triogate.api import auth
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.governance.model_access import ACCESS_GROUP
-from triogate.routing.models import table_models
+from triogate.routing.models import bind, table_models
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from triogate.api.http import Request
     from triogate.api.services import Services
@@ -65,6 +65,19 @@ async def _allowed(services: Services, request: Request) -> Callable[[str], bool
     return allowed
 
 
+def expand(services: Services, group: str) -> list[str]:
+    """The names a wildcard group serves: the price table's models of its providers that
+    the group (and no other group) answers for."""
+    providers = {d.provider for d in services.config.groups[group]}
+    out: list[str] = []
+    for model in table_models(providers):
+        candidate = model if group == "*" else group.replace("*", model, 1)
+        ref = services.models.resolve(candidate)
+        if ref is not None and ref.group == group:
+            out.append(candidate)
+    return out
+
+
 def _names(services: Services, request: Request) -> list[str]:
     """Every name a client may send, wildcards expanded from the price table."""
     out: list[str] = []
@@ -74,12 +87,7 @@ def _names(services: Services, request: Request) -> list[str]:
             continue
         if _flag(request, "return_wildcard_routes"):
             out.append(name)
-        providers = {d.provider for d in services.config.groups[name]}
-        for model in table_models(providers):
-            candidate = model if name == "*" else name.replace("*", model, 1)
-            ref = services.models.resolve(candidate)
-            if ref is not None and ref.group == name:
-                out.append(candidate)
+        out += expand(services, name)
     return list(dict.fromkeys(out))
 
 
@@ -190,33 +198,49 @@ _CAPABILITIES = ("max_input_tokens", "max_output_tokens", "supports_function_cal
 
 
 async def model_group_info(services: Services, request: Request) -> Response:
-    """``GET /model_group/info`` (``?model_group=`` for one group)."""
+    """``GET /model_group/info`` (``?model_group=`` for one group).
+
+    A wildcard group (``anthropic/*``) is listed, then each model of the price table it
+    serves, as its own entry (prices bound as a request for it would be charged), as
+    LiteLLM expands them."""
     allowed = await _allowed(services, request)
     wanted = request.query.get("model_group")
     data = []
     for group, deployments in services.config.groups.items():
-        if (wanted is not None and group != wanted) or not allowed(group):
-            continue
-        rpms = [d.rpm for d in deployments]
-        tpms = [d.tpm for d in deployments]
-        entry: dict[str, Any] = {
-            "model_group": group,
-            "providers": sorted({d.provider for d in deployments}),
-            "mode": deployments[0].mode,
-            "input_cost_per_token": max(_price(d.price.input_usd_per_token)
-                                        for d in deployments),
-            "output_cost_per_token": max(_price(d.price.output_usd_per_token)
-                                         for d in deployments),
-            "rpm": None if None in rpms else sum(r or 0 for r in rpms),
-            "tpm": None if None in tpms else sum(t or 0 for t in tpms),
-            "is_public_model_group": True,
-            "is_wildcard": "*" in group,
-            "aliases": sorted(a for a, g in services.models.aliases.items() if g == group),
-        }
-        for capability in _CAPABILITIES:
-            values = [d.info[capability] for d in deployments if capability in d.info]
-            if values:
-                entry[capability] = min(values) if capability.startswith("max_") else all(
-                    values)
-        data.append(entry)
+        named: list[tuple[str, Sequence[Deployment]]] = [(group, deployments)]
+        if "*" in group:
+            named += [(model, [bind(d, model) for d in deployments])
+                      for model in expand(services, group)]
+        for name, bound in named:
+            if (wanted is None or name == wanted) and allowed(name):
+                data.append(_group_entry(services, name, group, bound))
     return Response.json({"data": data})
+
+
+def _group_entry(services: Services, name: str, group: str,
+                 deployments: Sequence[Deployment]) -> dict[str, Any]:
+    """One ``/model_group/info`` entry: ``name`` served by ``group``'s ``deployments``."""
+    rpms = [d.rpm for d in deployments]
+    tpms = [d.tpm for d in deployments]
+    entry: dict[str, Any] = {
+        "model_group": name,
+        "providers": sorted({d.provider for d in deployments}),
+        "mode": deployments[0].mode,
+        "input_cost_per_token": max(_price(d.price.input_usd_per_token)
+                                    for d in deployments),
+        "output_cost_per_token": max(_price(d.price.output_usd_per_token)
+                                     for d in deployments),
+        "rpm": None if None in rpms else sum(r or 0 for r in rpms),
+        "tpm": None if None in tpms else sum(t or 0 for t in tpms),
+        "is_public_model_group": True,
+        "is_wildcard": "*" in name,
+        "aliases": sorted(a for a, g in services.models.aliases.items() if g == name),
+    }
+    if name != group:
+        entry["wildcard_group"] = group
+    for capability in _CAPABILITIES:
+        values = [d.info[capability] for d in deployments if capability in d.info]
+        if values:
+            entry[capability] = min(values) if capability.startswith("max_") else all(
+                values)
+    return entry

@@ -16,6 +16,8 @@ from triogate.cache.response import CacheControl
 from triogate.routing.router import RequestRouting
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from triogate.api.errors import Style
     from triogate.api.http import Request
     from triogate.cache.response import CachedResponse
@@ -71,6 +73,8 @@ class Call:
     routing: RequestRouting = attrs.Factory(RequestRouting)
     drop_params: bool | None = None
     guardrails: tuple[str, ...] = ()
+    #: The request's own ``metadata`` object (not sent upstream), for its spend row.
+    metadata: Mapping[str, Any] | None = None
 
 
 @attrs.define(kw_only=True)

@@ -15,8 +15,11 @@ from triogate.api import (
     messages,
     model_health,
     model_info,
+    moderations,
     responses,
 )
+from triogate.api.admin import unsupported
+from triogate.api.admin.routes import regenerate_by_path
 from triogate.api.admin.routes import routes as admin_routes
 from triogate.api.admin.unsupported import routes as unsupported_routes
 from triogate.ui.routes import routes as ui_routes
@@ -58,6 +61,7 @@ def table() -> dict[tuple[str, str], Route]:
         routes[("POST", f"{prefix}/responses")] = Route(responses.create_response)
         routes[("POST", f"{prefix}/embeddings")] = Route(embeddings.create_embeddings)
         routes[("POST", f"{prefix}/completions")] = Route(completions.completions)
+        routes[("POST", f"{prefix}/moderations")] = Route(moderations.create_moderation)
         routes[("GET", f"{prefix}/models")] = Route(model_info.models)
     for (method, path), handler in {**unsupported_routes(), **admin_routes()}.items():
         routes[(method, path)] = Route(handler)
@@ -73,6 +77,12 @@ PATTERNS: tuple[tuple[str, str, str, Route], ...] = (
     ("POST", azure.PREFIX, "/completions", Route(azure.legacy_completions)),
     ("GET", "/v1/models/", "", Route(model_info.model)),
     ("GET", "/models/", "", Route(model_info.model)),
+    ("POST", "/key/", "/regenerate", Route(regenerate_by_path())),
+    # LiteLLM routes triogate does not have, with an id in the path: a 400 naming them.
+    *((method, prefix, "", Route(unsupported.refuse(what)))
+      for method, prefix, what in unsupported.PREFIXES),
+    *(("POST", azure.PREFIX, suffix, Route(unsupported.refuse(what)))
+      for suffix, what in unsupported.AZURE_SUFFIXES),
 )
 
 

@@ -171,11 +171,12 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
     duration_s = trio.current_time() - call.request.started_at
     if services.spend_logs is not None:
         row = _guarded(services, call, "spend_row", _spend_row, call, admitted, outcome,
-                       now_ms, cost, fallback=None)
+                       now_ms, cost, prompts=services.config.store_prompts_in_spend_logs,
+                       fallback=None)
         if row is None:  # what is known without the answer's body and events
             row = _guarded(services, call, "spend_row", _spend_row, call, admitted,
                            attrs.evolve(outcome, body=None, events=None), now_ms, cost,
-                           fallback=None)
+                           prompts=False, fallback=None)
         if row is not None:
             _guarded(services, call, "spend_log", services.spend_logs.submit_nowait, row,
                      fallback=None)
@@ -303,11 +304,40 @@ def _spans(call: Call, admitted: Admission, outcome: Outcome, settle_started_s: 
     )
 
 
-def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, cost: int
-               ) -> SpendLogRow:
+def _spend_metadata(call: Call, admitted: Admission) -> str:
+    """LiteLLM's spend-log ``metadata``: who was charged, and the request's own
+    ``metadata`` (its ``spend_logs_metadata`` also on its own, as LiteLLM shows it)."""
+    identity = admitted.identity
+    key = identity.key if identity is not None and not identity.master else None
+    out: dict[str, Any] = {
+        "user_api_key": key.id if key else None,
+        "user_api_key_alias": key.alias if key else None,
+        "user_api_key_team_id": identity.team.id if identity and identity.team else None,
+        "user_api_key_user_id": identity.user.id if identity and identity.user else None,
+        "user_api_key_end_user_id": call.end_user,
+    }
+    if call.metadata:
+        out["requester_metadata"] = call.metadata
+        if isinstance(call.metadata.get("spend_logs_metadata"), dict):
+            out["spend_logs_metadata"] = call.metadata["spend_logs_metadata"]
+    return orjson.dumps(out).decode()
+
+
+def _prompts(call: Call, outcome: Outcome) -> tuple[str | None, str | None]:
+    """The request's messages (or input) and the answer, as JSON text."""
+    body = call.body
+    sent = next((body[f] for f in ("messages", "input", "prompt") if f in body), None)
+    answer = outcome.body  # a stream's: assembled as it passed (flow._stream)
+    return (None if sent is None else orjson.dumps(sent).decode(),
+            None if answer is None else orjson.dumps(answer).decode())
+
+
+def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, cost: int,
+               *, prompts: bool = False) -> SpendLogRow:
     identity = admitted.identity
     key = identity.key if identity is not None and not identity.master else None
     deployment = outcome.deployment
+    messages, response = _prompts(call, outcome) if prompts else (None, None)
     return SpendLogRow(
         request_id=call.trace_id,
         api=call.api,
@@ -336,6 +366,11 @@ def _spend_row(call: Call, admitted: Admission, outcome: Outcome, now_ms: int, c
                            if call.request.request_id != call.trace_id else None),
         guardrails=orjson.dumps([v.record() for v in admitted.guardrails]).decode()
         if admitted.guardrails else None,
+        metadata=_spend_metadata(call, admitted),
+        cache_key=admitted.cache_key,
+        api_base=deployment.api_base if deployment else None,
+        messages=messages,
+        response=response,
     )
 
 

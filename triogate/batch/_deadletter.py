@@ -13,7 +13,7 @@ Each is one JSON line in a file of the state folder (``dead-letter.jsonl``), app
 fsynced, shared by every process of that folder (``O_APPEND``, one ``write`` per batch of
 lines), with its time, request id, backend, owner, command (scripts by name and SHA), keys,
 arguments and the reason. Nothing reads the file back: it is for an operator, who
-decides (see the README, "Accounting that is never lost"). The settler counts dead letters
+decides (see docs/architecture.md). The settler counts dead letters
 and logs each with its owner.
 """
 

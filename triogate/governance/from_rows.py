@@ -16,7 +16,14 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from triogate.store.records import EndUserRow, KeyRow, TagRow, TeamRow, UserRow
+    from triogate.store.records import (
+        EndUserRow,
+        KeyRow,
+        TagRow,
+        TeamMember,
+        TeamRow,
+        UserRow,
+    )
 
 
 def _limits(
@@ -108,3 +115,20 @@ def end_user_principal(row: EndUserRow) -> Principal:
 def tag_principal(row: TagRow) -> Principal:
     """A tag: budget and rate limits only."""
     return Principal(kind="tag", id=row.tag, limits=_limits(row, max_parallel=None))
+
+
+def member_principal(member: TeamMember, team: TeamRow) -> Principal:
+    """A user's membership of a team, as far as its own limits inside the team go
+    (``max_budget_in_team``): its budget periods are the team's."""
+    return Principal(
+        kind="team_member",
+        id=f"{member.team_id}:{member.user_id}",
+        limits=Limits(
+            max_budget_nanousd=member.max_budget_nanousd,
+            budget_duration_s=team.budget_duration_s,
+            budget_anchor_s=team.budget_anchor_s or 0,
+            rpm=member.rpm_limit,
+            tpm=member.tpm_limit,
+        ),
+        alias=f"{member.user_id} in team {team.team_alias or team.team_id}",
+    )

@@ -46,6 +46,7 @@ from triogate.governance.decisions import Rejected
 from triogate.governance.from_rows import (
     end_user_principal,
     key_principal,
+    member_principal,
     tag_principal,
     team_principal,
     user_principal,
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from triogate.batch import Backend, Batch, Subscription
-    from triogate.store import Store
+    from triogate.store import KeyRow, Store
 
 logger = logging.getLogger("triogate.governance.identity")
 
@@ -91,6 +92,8 @@ class KeyBundle:
     user: Principal | None = None
     #: Tags a request of this key may name and be charged to (see :func:`allowed_tags`).
     allowed_tags: tuple[str, ...] = ()
+    #: The key's user's limits inside the key's team, when the membership has any.
+    member: Principal | None = None
 
 
 def allowed_tags(key_tags: Sequence[str], *metadata: Mapping[str, Any] | None
@@ -133,6 +136,19 @@ def decode_row(kind: str, raw: bytes) -> Row:
 class _Entry:
     row: Row
     expires_at: float
+
+
+def _secret_hashes(row: KeyRow) -> list[str]:
+    """The hashes a key may be remembered under: its id, its secret, its previous one."""
+    return [h for h in (row.token_hash, row.secret_hash, row.previous_secret_hash) if h]
+
+
+def _until(key: Principal, ends_ms: int | None) -> Principal:
+    """``key`` as reached through a secret that stops working at ``ends_ms`` (a previous
+    secret in its grace period), which then answers as an expired key."""
+    if ends_ms is None or (key.expires_ms is not None and key.expires_ms <= ends_ms):
+        return key
+    return attrs.evolve(key, expires_ms=ends_ms)
 
 
 def governed(principal: Principal) -> bool:
@@ -191,6 +207,9 @@ class IdentityResolver:
         self._memory: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._max_unknown_tags = max_unknown_tags
         self._unknown_tags: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        # A rotated key is remembered under its secret's hash, not its id: id → those
+        # hashes, so that forgetting the key by id drops them (no scan of memory).
+        self._by_secret: dict[str, set[str]] = {}
         self._subscribed = False
         # Changes not announced yet (an ordered set): retried by run().
         self._outbox: dict[tuple[str, str], None] = {}
@@ -216,6 +235,10 @@ class IdentityResolver:
         table[(kind, ident)] = _Entry(row, trio.current_time() + self._ttl(row))
         while len(table) > bound:
             table.popitem(last=False)
+        if isinstance(row, KeyBundle) and row.key.id != ident:
+            if len(self._by_secret) >= bound:  # hints only: stale ones are harmless
+                self._by_secret.clear()
+            self._by_secret.setdefault(row.key.id, set()).add(ident)
 
     def _get(self, kind: str, ident: str) -> _Entry | None:
         entry = self._memory.get((kind, ident))
@@ -250,9 +273,13 @@ class IdentityResolver:
         if kind == "*":
             self._memory.clear()
             self._unknown_tags.clear()
+            self._by_secret.clear()
             return
         self._memory.pop((kind, ident), None)
         self._unknown_tags.pop((kind, ident), None)
+        if kind == "key":  # remembered by its secret's hash, which may not be its id
+            for secret in self._by_secret.pop(ident, ()):
+                self._memory.pop(("key", secret), None)
         if kind in ("team", "user"):
             stale = [
                 k for k, e in self._memory.items()
@@ -367,16 +394,23 @@ class IdentityResolver:
             by_kind.setdefault(kind, []).append(ident)
         out: dict[tuple[str, str], Row] = {}
         if "key" in by_kind:
-            keys = await self._store.get_keys(by_kind["key"])
+            # By the secret's hash: a rotated key's id (token_hash) is not its secret's.
+            secrets = await self._store.keys_by_secret(by_kind["key"])
+            keys = {h: row for h, (row, _) in secrets.items()}
             teams = await self._store.get_teams(
                 sorted({r.team_id for r in keys.values() if r.team_id}))
             users = await self._store.get_users(
                 sorted({r.user_id for r in keys.values() if r.user_id}))
+            members = {(m.team_id, m.user_id): m for m in await self._store.team_memberships(
+                sorted({(r.team_id, r.user_id) for r in keys.values()
+                        if r.team_id and r.user_id}))}
             for key_hash in by_kind["key"]:
                 row = keys.get(key_hash)
                 team_row = teams.get(row.team_id) if row is not None and row.team_id else None
+                member = members.get((row.team_id, row.user_id)) if row is not None and (
+                    row.team_id and row.user_id) else None
                 out[("key", key_hash)] = None if row is None else KeyBundle(
-                    key=key_principal(row),
+                    key=_until(key_principal(row), secrets[key_hash][1]),
                     team_id=row.team_id,
                     user_id=row.user_id,
                     key_tags=tuple(row.tags),
@@ -384,6 +418,9 @@ class IdentityResolver:
                     user=user_principal(users[row.user_id]) if row.user_id in users else None,
                     allowed_tags=allowed_tags(row.tags, row.metadata,
                                               team_row.metadata if team_row else None),
+                    member=member_principal(member, team_row)
+                    if member is not None and member.limited and team_row is not None
+                    else None,
                 )
         if "end_user" in by_kind:
             end_users = await self._store.get_end_users(by_kind["end_user"])
@@ -446,6 +483,7 @@ class IdentityResolver:
             user=bundle.user,
             end_user=end if isinstance(end, Principal) else None,
             tags=tuple(t for t in tag_rows if isinstance(t, Principal)),
+            member=bundle.member,
         )
         if group is not None:
             party = identity.first_refusing(group, providers=providers)
@@ -519,7 +557,9 @@ class IdentityResolver:
     async def _publish(self, changes: Sequence[tuple[str, str]]) -> None:
         doomed: list[str] = []
         for kind, ident in changes:
-            if kind in ("key", "end_user", "tag"):
+            if kind == "key":
+                doomed += [identity_row(kind, h) for h in await self._secrets_of(ident)]
+            elif kind in ("end_user", "tag"):
                 doomed.append(identity_row(kind, ident))
             elif kind in ("team", "user"):
                 doomed += [identity_row("key", h) for h in await self._keys_of(kind, ident)]
@@ -531,14 +571,22 @@ class IdentityResolver:
 
     async def _keys_of(self, kind: str, ident: str) -> list[str]:
         hashes: list[str] = []
+        seen = 0
         page = 1
         while True:
             filters = {"team_id": ident} if kind == "team" else {"user_id": ident}
             rows, total = await self._store.list_keys(**filters, page=page, size=500)
-            hashes += [r.token_hash for r in rows]
-            if len(hashes) >= total or not rows:
+            hashes += [h for r in rows for h in _secret_hashes(r)]
+            seen += len(rows)
+            if seen >= total or not rows:
                 return hashes
             page += 1
+
+    async def _secrets_of(self, token_hash: str) -> list[str]:
+        """The hashes a key is remembered under: its id and its secrets (a rotated key)."""
+        row = (await self._store.get_keys([token_hash])).get(token_hash)
+        return [token_hash] if row is None else list(dict.fromkeys(
+            (token_hash, *_secret_hashes(row))))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -559,6 +607,7 @@ class IdentityResolver:
                 async with self._subscribe(IDENTITY_CHANNEL) as messages:
                     self._memory.clear()
                     self._unknown_tags.clear()
+                    self._by_secret.clear()
                     self._subscribed = True
                     delay_s = 0.2
                     await self._consume(messages)

@@ -16,7 +16,7 @@ from triogate.governance.model_access import model_allowed
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-KINDS = ("key", "team", "user", "end_user", "tag")
+KINDS = ("key", "team", "user", "end_user", "tag", "team_member")
 #: Budget-only principals: the proxy-wide budget, and a key's or a team's budget for one
 #: model group (``model_max_budget``). Never in :meth:`Identity.principals` (they carry no
 #: rate limits, model lists or blocks); ``governance.budgets.budgeted`` adds them.
@@ -114,6 +114,8 @@ class Identity:
     end_user: Principal | None = None
     tags: tuple[Principal, ...] = ()
     master: bool = False
+    #: The user's limits inside the key's team (``max_budget_in_team``), if it has any.
+    member: Principal | None = None
 
     def first_refusing(
         self, group: str, *, providers: Callable[[], frozenset[str]] = lambda: frozenset()
@@ -131,9 +133,10 @@ class Identity:
         return None
 
     def principals(self) -> Iterator[Principal]:
-        """Key, team, user, end user, then tags: every party present, in that order."""
+        """Key, team, user, team member, end user, then tags: every party present, in
+        that order."""
         yield self.key
-        for p in (self.team, self.user, self.end_user):
+        for p in (self.team, self.user, self.member, self.end_user):
             if p is not None:
                 yield p
         yield from self.tags

@@ -39,7 +39,7 @@ def new_upstream_client(*, max_connections: int) -> httpx.AsyncClient:
     generations under bursts. HTTP/1.1 only; environment proxies are ignored (trust_env
     off) so that configuration lives in one place. The transport under it is
     :class:`~triogate.providers.transport.UpstreamTransport` (an O(1) pool), not
-    httpcore's, whose per-request pool scan grew with concurrency (README, Benchmarks).
+    httpcore's, whose per-request pool scan grew with concurrency (docs/benchmarks.md).
     """
     transport = UpstreamTransport(
         max_connections=max_connections,

@@ -57,12 +57,12 @@ class AnthropicProvider:
         self, api: Api, body: Mapping[str, Any], deployment: Deployment
     ) -> Completion:
         """One call (a checkpoint). Raises ProviderError subclasses, or ValueError."""
-        if api == "embeddings":
+        if api in ("embeddings", "moderations"):
             raise ProviderStatusError(
                 400,
-                '{"error": {"message": "Anthropic has no embeddings API", '
+                f'{{"error": {{"message": "Anthropic has no {api} API", '
                 '"type": "invalid_request_error"}}',
-                message="Anthropic has no embeddings API",
+                message=f"Anthropic has no {api} API",
             )
         return await complete_via_hub(
             self._client,

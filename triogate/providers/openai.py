@@ -58,6 +58,8 @@ class OpenAIProvider:
         """One call (a checkpoint). Raises ProviderError subclasses, or ValueError."""
         if api == "embeddings":
             return await self._embed(body, deployment)
+        if api == "moderations":
+            return await self._moderate(body, deployment)
         return await complete_via_hub(
             self._client,
             self._hub,
@@ -88,6 +90,22 @@ class OpenAIProvider:
             headers=self._headers(deployment),
             created_s=int(self._clock()),
         )
+
+    async def _moderate(self, body: Mapping[str, Any], deployment: Deployment) -> Completion:
+        """``POST {api_base}/moderations``: the answer as the upstream gave it."""
+        response = await post_json(
+            self._client,
+            self._url(deployment, "/moderations"),
+            headers=self._headers(deployment),
+            body=upstream_body(body, deployment),
+            timeout_s=deployment.timeout_s,
+        )
+        if not isinstance(response.get("results"), list):
+            raise ProviderProtocolError("upstream moderations reply has no results list")
+        # Moderations report no usage: the input is counted, for TPM and any price set.
+        usage = Usage(input_tokens=estimate_input_tokens("moderations", body),
+                      output_tokens=0, reported=False)
+        return Completion(body=response, usage=usage)
 
     async def _embed(self, body: Mapping[str, Any], deployment: Deployment) -> Completion:
         return await embed(self._client, body, deployment,

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
     from triogate.config import Deployment
 
-Api = Literal["chat", "messages", "responses", "embeddings"]
-APIS: tuple[Api, ...] = ("chat", "messages", "responses", "embeddings")
+Api = Literal["chat", "messages", "responses", "embeddings", "moderations"]
+APIS: tuple[Api, ...] = ("chat", "messages", "responses", "embeddings", "moderations")
 
 
 #: Request fields that mean something to the gateway only; never sent upstream.

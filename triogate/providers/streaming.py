@@ -158,6 +158,6 @@ class TranslatedStream:
 
 
 def check_streamable(api: Api) -> None:
-    """Raise ValueError for an API that has no streamed form (embeddings)."""
-    if api == "embeddings":
-        raise ValueError("embeddings cannot be streamed")
+    """Raise ValueError for an API that has no streamed form (embeddings, moderations)."""
+    if api in ("embeddings", "moderations"):
+        raise ValueError(f"{api} cannot be streamed")

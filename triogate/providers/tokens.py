@@ -87,7 +87,7 @@ def estimate_input_tokens(api: str, body: Mapping[str, Any]) -> int:
     Returns:
         The estimate; 0 only when the request carries no text at all.
     """
-    if api == "embeddings":
+    if api in ("embeddings", "moderations"):
         return tokens_for_chars(_embedding_chars(body.get("input")))
     chars = 0
     for key in ("system", "instructions", "messages", "input"):

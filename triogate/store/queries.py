@@ -198,6 +198,45 @@ class Store:
         row = await self._threads.run("create key", ent.create, self._engine, ent.KEYS, values)
         return raw, row
 
+    async def keys_by_secret(self, secret_hashes: Sequence[str]
+                             ) -> dict[str, tuple[KeyRow, int | None]]:
+        """The key each secret's hash authenticates as, with when that secret stops
+        working (a previous secret in its grace period) or None (the current one)."""
+        if not secret_hashes:
+            return {}
+        now = self._now_ms()
+        return await self._threads.run("look up key secrets", ent.keys_by_secret,
+                                       self._engine, list(secret_hashes), now)
+
+    async def rotate_key(self, token_hash: str, *, raw_key: str | None = None,
+                         grace_ms: int = 0, next_rotation_at_ms: int | None = None,
+                         due_at_ms: int | None = None
+                         ) -> tuple[str, KeyRow, str] | None:
+        """A new secret for the key (same id, limits and spend): the raw secret (seen
+        only here), the row and the old secret's hash; None if there is no such key (or,
+        with ``due_at_ms``, another process rotated it first).
+
+        Raises:
+            StoreConflict: ``raw_key`` is already another key's secret.
+        """
+        raw = raw_key if raw_key is not None else generate_key()
+        now = self._now_ms()
+
+        def run() -> tuple[KeyRow, str] | None:
+            return ent.rotate_key(self._engine, token_hash, hash_key(raw), key_hint(raw),
+                                  grace_ms=grace_ms, now_ms=now,
+                                  next_rotation_at_ms=next_rotation_at_ms,
+                                  due_at_ms=due_at_ms)
+
+        done = await self._threads.run("rotate key", run)
+        return None if done is None else (raw, done[0], done[1])
+
+    async def keys_due_for_rotation(self, *, limit: int = 100) -> list[KeyRow]:
+        """Keys with ``auto_rotate`` whose scheduled rotation is due."""
+        now = self._now_ms()
+        return await self._threads.run("find keys to rotate", ent.keys_due_for_rotation,
+                                       self._engine, now, limit)
+
     async def get_keys(self, token_hashes: Sequence[str]) -> dict[str, KeyRow]:
         """Keys by hash, in one query; hashes not found are absent."""
         return await self._get(ent.KEYS, token_hashes)
@@ -279,6 +318,24 @@ class Store:
         """Create a user (``user_id`` defaults to a new UUID)."""
         fields.setdefault("user_id", str(uuid.uuid4()))
         return await self._create_entity(ent.USERS, fields)  # type: ignore[no-any-return]
+
+    async def create_user_in_team(self, team_id: str, role: str, **fields: Any) -> UserRow:
+        """Create a user and make it a member of ``team_id`` (``role``), in one
+        transaction: both, or neither."""
+        fields.setdefault("user_id", str(uuid.uuid4()))
+        ent.check_fields(ent.USERS, fields, allowed=ent.USERS.settable | {"user_id"})
+        now = self._now_ms()
+        values = ent.create_values(ent.USERS, fields, now_ms=now)
+        member = TeamMember(team_id=team_id, user_id=values["user_id"], role=role,
+                            user_email=values.get("user_email"), created_at_ms=now)
+
+        def run() -> UserRow:
+            ent.change_members(self._engine, team_id, add=[member], create_users=[values])
+            row: UserRow = ent.get_many(self._engine, ent.USERS, [member.user_id])[
+                member.user_id]
+            return row
+
+        return await self._threads.run("create user in team", run)
 
     async def get_users(self, user_ids: Sequence[str]) -> dict[str, UserRow]:
         """Users by id, in one query."""
@@ -390,20 +447,30 @@ class Store:
         return await self._threads.run("list memberships", ent.memberships_of, self._engine,
                                        user_id)
 
+    async def team_memberships(self, pairs: Sequence[tuple[str, str]]) -> list[TeamMember]:
+        """The memberships of those (team id, user id) pairs that exist."""
+        if not pairs:
+            return []
+        return await self._threads.run("look up memberships", ent.members_by_pair,
+                                       self._engine, list(pairs))
+
     async def change_team_members(
         self, team_id: str, *, add: Sequence[tuple[str, str, str | None]] = (),
         remove: Sequence[str] = (), roles: dict[str, str] | None = None,
-        create_users: Sequence[str] = (),
+        create_users: Sequence[str] = (), add_limits: dict[str, Any] | None = None,
+        limits: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """In one transaction: create ``create_users`` (plain users), add members
-        ``(user_id, role, email)``, set ``roles``, remove members.
+        ``(user_id, role, email)`` (each with ``add_limits``), set ``roles`` and
+        ``limits`` (``max_budget_nanousd``, ``tpm_limit``, ``rpm_limit`` per user id),
+        remove members.
 
         Raises:
             StoreConflict: an added member is already in the team (nothing written).
         """
         now = self._now_ms()
         members = [TeamMember(team_id=team_id, user_id=u, role=r, user_email=e,
-                              created_at_ms=now) for u, r, e in add]
+                              created_at_ms=now, **(add_limits or {})) for u, r, e in add]
         emails = {u: e for u, _, e in add}
         users = [ent.create_values(ent.USERS, {"user_id": u, "user_email": emails.get(u),
                                                "user_role": "internal_user"}, now_ms=now)
@@ -411,7 +478,7 @@ class Store:
         await self._threads.run(
             "change team members",
             lambda: ent.change_members(self._engine, team_id, add=members, remove=remove,
-                                       roles=roles, create_users=users),
+                                       roles=roles, create_users=users, limits=limits),
         )
 
     # ------------------------------------------------------------------- spend logs
@@ -448,6 +515,14 @@ class Store:
         """Requests, tokens and cost (nano-USD) over the matching spend logs."""
         f = spend.SpendFilter(**filters)
         return await self._threads.run("sum spend", spend.spend_totals, self._engine, f)
+
+    async def spend_breakdown(self, *, columns: Sequence[spend.GroupBy], by_day: bool,
+                              **filters: Any) -> list[dict[str, Any]]:
+        """Sums per distinct (day,) key hash / team / user / end user / model group."""
+        f = spend.SpendFilter(**filters)
+        return await self._threads.run(
+            "spend breakdown",
+            lambda: spend.spend_breakdown(self._engine, f, columns=columns, by_day=by_day))
 
     async def daily_spend(self, *, group_by: spend.GroupBy, **filters: Any) -> list[DailySpend]:
         """Sums per UTC day and per key hash / team / user / end user / model group."""

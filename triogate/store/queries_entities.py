@@ -42,6 +42,9 @@ _FIELD_TO_COLUMN = {
     "created_at_ms": "created_at",
     "updated_at_ms": "updated_at",
     "expires_at_ms": "expires_at",
+    "previous_secret_expires_at_ms": "previous_secret_expires_at",
+    "key_rotation_at_ms": "key_rotation_at",
+    "last_rotation_at_ms": "last_rotation_at",
 }
 _COLUMN_TO_FIELD = {v: k for k, v in _FIELD_TO_COLUMN.items()}
 _LIST_COLUMNS = frozenset({"models", "tags"})
@@ -49,6 +52,9 @@ _DICT_COLUMNS = frozenset({"metadata", "model_rpm_limit", "model_tpm_limit", "al
                            "model_aliases", "model_max_budget"})
 #: Fields no caller sets: derived (duration seconds, hint) or maintained (times).
 _DERIVED = frozenset({"budget_duration_s", "created_at_ms", "updated_at_ms", "key_hint"})
+#: Key fields only a rotation sets (``rotate_key``), never an update.
+_ROTATION = frozenset({"secret_hash", "previous_secret_hash", "previous_secret_expires_at_ms",
+                       "last_rotation_at_ms", "rotation_count"})
 #: Rows fetched per ``IN (...)`` (far below SQLite's 32,766 bound parameters).
 _IN_CHUNK = 500
 MAX_PAGE_SIZE = 1000
@@ -72,7 +78,8 @@ class Entity:
     @property
     def settable(self) -> frozenset[str]:
         """Fields an update may set (the id and derived fields excluded)."""
-        return frozenset(attrs.fields_dict(self.row_cls)) - _DERIVED - {self.id_field}
+        return (frozenset(attrs.fields_dict(self.row_cls)) - _DERIVED - _ROTATION
+                - {self.id_field})
 
 
 KEYS = Entity(
@@ -122,15 +129,37 @@ def memberships_of(engine: Engine, user_id: str) -> list[TeamMember]:
 
 def _member(m: Mapping[Any, Any]) -> TeamMember:
     return TeamMember(team_id=m["team_id"], user_id=m["user_id"], role=m["role"],
-                      user_email=m["user_email"], created_at_ms=m["created_at"])
+                      user_email=m["user_email"], created_at_ms=m["created_at"],
+                      max_budget_nanousd=m.get("max_budget_nanousd"),
+                      tpm_limit=m.get("tpm_limit"), rpm_limit=m.get("rpm_limit"))
+
+
+#: A member's limits: the settable columns of ``team_members`` besides its role.
+MEMBER_LIMITS = ("max_budget_nanousd", "tpm_limit", "rpm_limit")
+
+
+def members_by_pair(engine: Engine, pairs: Sequence[tuple[str, str]]) -> list[TeamMember]:
+    """The memberships of the (team, user) pairs that exist."""
+    c = schema.team_members.c
+    out: list[TeamMember] = []
+    unique = list(dict.fromkeys(pairs))
+    with engine.connect() as conn:
+        for start in range(0, len(unique), _IN_CHUNK):
+            chunk = unique[start : start + _IN_CHUNK]
+            stmt = sa.select(schema.team_members).where(sa.or_(
+                *(sa.and_(c.team_id == t, c.user_id == u) for t, u in chunk)))
+            out += [_member(m) for m in conn.execute(stmt).mappings()]
+    return out
 
 
 def change_members(
     engine: Engine, team_id: str, *, add: Sequence[TeamMember] = (),
     remove: Sequence[str] = (), roles: Mapping[str, str] | None = None,
     create_users: Sequence[Mapping[str, Any]] = (),
+    limits: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """In one transaction: create missing users, add members, set roles, remove members.
+    """In one transaction: create missing users, add members, set roles and limits
+    (``MEMBER_LIMITS`` columns per user id), remove members.
 
     An added member that already exists raises ``IntegrityError`` (nothing is written).
     A user to create that exists by then (created meanwhile) is kept as it is.
@@ -142,6 +171,10 @@ def change_members(
             conn.execute(sa.update(schema.team_members)
                          .where(c.team_id == team_id, c.user_id == user_id)
                          .values(role=role))
+        for user_id, values in (limits or {}).items():
+            conn.execute(sa.update(schema.team_members)
+                         .where(c.team_id == team_id, c.user_id == user_id)
+                         .values(**{k: values[k] for k in MEMBER_LIMITS if k in values}))
         if remove:
             conn.execute(sa.delete(schema.team_members)
                          .where(c.team_id == team_id, c.user_id.in_(list(remove))))
@@ -177,7 +210,8 @@ def _add_members(conn: Connection, team_id: str, add: Sequence[TeamMember],
     if add:
         conn.execute(sa.insert(schema.team_members), [
             {"team_id": team_id, "user_id": m.user_id, "role": m.role,
-             "user_email": m.user_email, "created_at": m.created_at_ms} for m in add])
+             "user_email": m.user_email, "created_at": m.created_at_ms,
+             **{name: getattr(m, name) for name in MEMBER_LIMITS}} for m in add])
 
 
 def referencing(engine: Engine, budget_id: str) -> list[tuple[str, str]]:
@@ -203,6 +237,80 @@ def row_from_db(entity: Entity, mapping: Mapping[Any, Any]) -> Any:
             value = bool(value)
         values[_COLUMN_TO_FIELD.get(column, column)] = value
     return entity.row_cls(**values)
+
+
+# --------------------------------------------------------------------- key secrets
+
+
+def keys_by_secret(engine: Engine, hashes: Sequence[str], now_ms: int
+                   ) -> dict[str, tuple[KeyRow, int | None]]:
+    """The key each secret hash authenticates as, with the time the secret stops working
+    (a previous secret in its grace period) or None (the current secret)."""
+    c = schema.keys.c
+    out: dict[str, tuple[KeyRow, int | None]] = {}
+    unique = list(dict.fromkeys(hashes))
+    with engine.connect() as conn:
+        for start in range(0, len(unique), _IN_CHUNK):
+            chunk = unique[start : start + _IN_CHUNK]
+            stmt = sa.select(schema.keys).where(sa.or_(
+                sa.and_(c.token_hash.in_(chunk), c.secret_hash.is_(None)),
+                c.secret_hash.in_(chunk),
+                sa.and_(c.previous_secret_hash.in_(chunk),
+                        c.previous_secret_expires_at > now_ms)))
+            for mapping in conn.execute(stmt).mappings():
+                row: KeyRow = row_from_db(KEYS, mapping)
+                if row.current_secret_hash in chunk:
+                    out[row.current_secret_hash] = (row, None)
+                if row.previous_secret_hash in chunk:
+                    out.setdefault(row.previous_secret_hash,
+                                   (row, row.previous_secret_expires_at_ms))
+    return out
+
+
+def rotate_key(engine: Engine, token_hash: str, new_secret_hash: str, key_hint: str, *,
+               grace_ms: int, now_ms: int, next_rotation_at_ms: int | None,
+               due_at_ms: int | None = None) -> tuple[KeyRow, str] | None:
+    """Give key ``token_hash`` a new secret; the old one is accepted ``grace_ms`` more
+    (0: refused at once). Returns the new row and the old secret's hash, or None when
+    there is no such key (or, with ``due_at_ms``, when another process rotated it
+    first: its ``key_rotation_at`` is no longer ``due_at_ms``)."""
+    c = schema.keys.c
+    with engine.begin() as conn:
+        where = [c.token_hash == token_hash]
+        if due_at_ms is not None:
+            where.append(c.key_rotation_at == due_at_ms)
+        current = conn.execute(sa.select(schema.keys).where(*where)).mappings().one_or_none()
+        if current is None:
+            return None
+        old: KeyRow = row_from_db(KEYS, current)
+        old_secret = old.current_secret_hash
+        values: dict[str, Any] = {
+            "secret_hash": new_secret_hash,
+            "previous_secret_hash": old_secret if grace_ms > 0 else None,
+            "previous_secret_expires_at": now_ms + grace_ms if grace_ms > 0 else None,
+            "key_hint": key_hint,
+            "last_rotation_at": now_ms,
+            "rotation_count": (old.rotation_count or 0) + 1,
+            "key_rotation_at": next_rotation_at_ms,
+            "updated_at": now_ms,
+        }
+        # The secret read above must still be the current one (two rotations at once:
+        # one wins, the other changes nothing).
+        stmt = (sa.update(schema.keys)
+                .where(*where, sa.func.coalesce(c.secret_hash, c.token_hash) == old_secret)
+                .values(values).returning(*schema.keys.c))
+        mapping = conn.execute(stmt).mappings().one_or_none()
+    return None if mapping is None else (row_from_db(KEYS, mapping), old_secret)
+
+
+def keys_due_for_rotation(engine: Engine, now_ms: int, limit: int) -> list[KeyRow]:
+    """Keys with ``auto_rotate`` whose next rotation is due, earliest first."""
+    c = schema.keys.c
+    stmt = (sa.select(schema.keys)
+            .where(c.auto_rotate.is_(True), c.key_rotation_at <= now_ms)
+            .order_by(c.key_rotation_at).limit(limit))
+    with engine.connect() as conn:
+        return [row_from_db(KEYS, m) for m in conn.execute(stmt).mappings()]
 
 
 def check_fields(entity: Entity, fields: Mapping[str, Any], *, allowed: frozenset[str]) -> None:

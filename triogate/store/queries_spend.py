@@ -261,3 +261,36 @@ def daily_spend(engine: Engine, f: SpendFilter, *, group_by: GroupBy) -> list[Da
     ]
     out.sort(key=lambda d: (d.day, d.group_id is not None, d.group_id or ""))
     return out
+
+
+def spend_breakdown(engine: Engine, f: SpendFilter, *, columns: Sequence[GroupBy],
+                    by_day: bool) -> list[dict[str, Any]]:
+    """Sums of tokens and cost per distinct value of ``columns`` (and UTC day): each
+    row a dict with the columns' names, ``day`` (``"YYYY-MM-DD"``, when ``by_day``),
+    ``requests``, ``input_tokens``, ``output_tokens`` and ``cost_nanousd``, ordered by
+    day, then cost (largest first)."""
+    c = spend_logs.c
+    keys = [spend_logs.c[_GROUP_COLUMNS[name]].label(name) for name in columns]
+    if by_day:
+        keys.insert(0, (c.start_time_ms // _MS_PER_DAY).label("day"))
+    stmt = (
+        sa.select(
+            *keys,
+            sa.func.count().label("requests"),
+            sa.func.sum(c.input_tokens).label("input_tokens"),
+            sa.func.sum(c.output_tokens).label("output_tokens"),
+            sa.func.sum(c.cost_nanousd).label("cost_nanousd"),
+        )
+        .where(*_where(f))
+        .group_by(*keys)
+    )
+    with engine.connect() as conn:
+        found = [dict(m) for m in conn.execute(stmt).mappings()]
+    for row in found:
+        for name in ("requests", "input_tokens", "output_tokens", "cost_nanousd"):
+            row[name] = int(row[name])
+        if by_day:
+            row["day"] = (_EPOCH + datetime.timedelta(days=int(row["day"]))).isoformat()
+    found.sort(key=lambda r: (r.get("day", ""), -r["cost_nanousd"],
+                              *(str(r[n] or "") for n in columns)))
+    return found

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 #: ``SpendLogRow.api`` values.
-APIS = ("chat", "messages", "responses", "embeddings")
+APIS = ("chat", "messages", "responses", "embeddings", "moderations")
 #: ``SpendLogRow.status`` values.
 STATUSES = ("success", "error", "rejected", "cancelled")
 
@@ -91,6 +91,13 @@ class KeyRow:
         budget_id: a shared budget (``budgets`` table) whose limits apply to the key.
         soft_budget_nanousd: spend per period past which an alert is sent (not refused).
         model_max_budget: model group → ``{"budget_limit_nanousd", "time_period"}``.
+        secret_hash: SHA-256 of the current secret once the key was rotated (None: the
+            secret is the one ``token_hash`` is the hash of); the id never changes.
+        previous_secret_hash, previous_secret_expires_at_ms: the secret before the last
+            rotation, still accepted until then (a grace period).
+        auto_rotate, rotation_interval: scheduled rotation (``"30d"``).
+        key_rotation_at_ms: when the next scheduled rotation is due.
+        last_rotation_at_ms, rotation_count: the last rotation, and how many there were.
     """
 
     token_hash: str
@@ -118,6 +125,19 @@ class KeyRow:
     budget_id: str | None = None
     soft_budget_nanousd: int | None = None
     model_max_budget: Mapping[str, Any] = attrs.Factory(dict)
+    secret_hash: str | None = None
+    previous_secret_hash: str | None = None
+    previous_secret_expires_at_ms: int | None = None
+    auto_rotate: bool | None = None
+    rotation_interval: str | None = None
+    key_rotation_at_ms: int | None = None
+    last_rotation_at_ms: int | None = None
+    rotation_count: int | None = None
+
+    @property
+    def current_secret_hash(self) -> str:
+        """The SHA-256 of the secret that authenticates as this key now."""
+        return self.secret_hash or self.token_hash
 
 
 @final
@@ -234,13 +254,24 @@ class BudgetRow:
 @attrs.frozen(kw_only=True)
 class TeamMember:
     """One member of a team: ``role`` is ``"admin"`` (manages members and the team's
-    keys) or ``"user"``."""
+    keys) or ``"user"``. ``max_budget_nanousd`` (LiteLLM's ``max_budget_in_team``),
+    ``tpm_limit`` and ``rpm_limit`` bound the member's requests through the team's keys
+    (the budget per period of the team's ``budget_duration``)."""
 
     team_id: str
     user_id: str
     role: str
     user_email: str | None = None
     created_at_ms: int = 0
+    max_budget_nanousd: int | None = None
+    tpm_limit: int | None = None
+    rpm_limit: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether the member has a budget or a rate limit of its own in the team."""
+        return any(v is not None for v in (self.max_budget_nanousd, self.tpm_limit,
+                                           self.rpm_limit))
 
 
 @final
@@ -268,6 +299,12 @@ class SpendLogRow:
             response then carries it; ``request_id`` stays the gateway's, unique).
         guardrails: the guardrails that ran, as a JSON list of ``{guardrail_name, mode,
             status, message}`` (None: none ran).
+        metadata: LiteLLM's spend-log metadata (who was charged, the request's own
+            ``metadata``), as JSON text.
+        cache_key: the response-cache key of the request, when the cache was used.
+        api_base: the answering deployment's base URL.
+        messages, response: the request's messages and the answer, as JSON text (only
+            with ``store_prompts_in_spend_logs``).
     """
 
     request_id: str
@@ -293,6 +330,11 @@ class SpendLogRow:
     response_id: str | None = None
     client_request_id: str | None = None
     guardrails: str | None = None
+    metadata: str | None = None
+    cache_key: str | None = None
+    api_base: str | None = None
+    messages: str | None = None
+    response: str | None = None
 
 
 @final

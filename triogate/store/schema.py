@@ -51,6 +51,26 @@ def _times() -> list[sa.Column[Any]]:
     ]
 
 
+def _rotation_columns() -> list[Any]:
+    """Key rotation (``/key/regenerate``, ``auto_rotate``): the key's id (``token_hash``)
+    stays, its secret changes. ``secret_hash`` is the current secret's SHA-256 (null:
+    the id's), ``previous_secret_hash`` the one before, accepted until
+    ``previous_secret_expires_at`` (a grace period)."""
+    return [
+        sa.Column("secret_hash", sa.Text, nullable=True),
+        sa.Column("previous_secret_hash", sa.Text, nullable=True),
+        sa.Column("previous_secret_expires_at", sa.BigInteger, nullable=True),
+        sa.Column("auto_rotate", sa.Boolean, nullable=True),
+        sa.Column("rotation_interval", sa.Text, nullable=True),
+        sa.Column("key_rotation_at", sa.BigInteger, nullable=True),
+        sa.Column("last_rotation_at", sa.BigInteger, nullable=True),
+        sa.Column("rotation_count", sa.BigInteger, nullable=True),
+        sa.Index("ux_keys_secret_hash", "secret_hash", unique=True),
+        sa.Index("ix_keys_previous_secret_hash", "previous_secret_hash"),
+        sa.Index("ix_keys_key_rotation_at", "key_rotation_at"),
+    ]
+
+
 keys = sa.Table(
     "keys",
     metadata,
@@ -75,6 +95,7 @@ keys = sa.Table(
     *_alert_budget_columns(models=True),
     # LiteLLM finds keys by alias: two keys with one alias would make that ambiguous.
     sa.Index("ux_keys_key_alias", "key_alias", unique=True),
+    *_rotation_columns(),
 )
 
 teams = sa.Table(
@@ -143,6 +164,10 @@ team_members = sa.Table(
     sa.Column("user_email", sa.Text, nullable=True),
     sa.Column("created_at", sa.BigInteger, nullable=False),
     sa.Index("ix_team_members_user", "user_id"),
+    # Per-member limits inside the team (``max_budget_in_team``); null = none.
+    sa.Column("max_budget_nanousd", sa.BigInteger, nullable=True),
+    sa.Column("tpm_limit", sa.BigInteger, nullable=True),
+    sa.Column("rpm_limit", sa.BigInteger, nullable=True),
 )
 
 #: LiteLLM's budget table: limits shared by every key, team, user or end user whose
@@ -185,6 +210,13 @@ spend_logs = sa.Table(
     # The guardrails that ran and their verdicts: a JSON list as text (nullable: added).
     sa.Column("guardrails", sa.Text, nullable=True),
     sa.Index("ix_spend_logs_client_request_id", "client_request_id"),
+    # LiteLLM's spend-log fields: JSON text (metadata, messages, response), and the
+    # response-cache key and the deployment's api_base.
+    sa.Column("metadata", sa.Text, nullable=True),
+    sa.Column("cache_key", sa.Text, nullable=True),
+    sa.Column("api_base", sa.Text, nullable=True),
+    sa.Column("messages", sa.Text, nullable=True),
+    sa.Column("response", sa.Text, nullable=True),
     # One index per report filter; each ends with the time so ranges stay indexed.
     sa.Index("ix_spend_logs_key_time", "key_hash", "start_time_ms"),
     sa.Index("ix_spend_logs_team_time", "team_id", "start_time_ms"),

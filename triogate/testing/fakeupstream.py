@@ -14,7 +14,8 @@ In tests::
 
 For benchmarks, a separate process: ``python -m triogate.testing.fakeupstream --port 8099``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``
+Routes: ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``POST /v1/moderations``,
+``GET /v1/models``
 (OpenAI: ``Authorization: Bearer``) and ``POST /v1/messages`` (Anthropic: ``x-api-key``).
 """
 
@@ -248,6 +249,7 @@ class FakeUpstream:
         routes = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/v1/moderations"): self._moderations,
             ("GET", "/v1/models"): self._models,
             ("POST", "/v1/messages"): self._messages,
         }
@@ -412,6 +414,27 @@ class FakeUpstream:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             },
         )
+
+    async def _moderations(self, body: dict[str, Any], receive: Receive, send: Send) -> None:
+        """OpenAI's moderation shape: an input is flagged (``violence``) when it holds
+        the word "kill"; scores are deterministic."""
+        value = body.get("input")
+        inputs = [value] if isinstance(value, str) else value
+        if not isinstance(inputs, list) or not inputs or not all(
+                isinstance(v, str) for v in inputs):
+            raise HTTPError(400, "'input' must be a string or an array of strings")
+        results = []
+        for text in inputs:
+            flagged = "kill" in text.lower().split()
+            results.append({
+                "flagged": flagged,
+                "categories": {"violence": flagged, "hate": False, "sexual": False},
+                "category_scores": {"violence": 0.97 if flagged else 0.01, "hate": 0.0,
+                                    "sexual": 0.0},
+            })
+        await _send_json(send, 200, {"id": f"modr-{len(self.requests)}",
+                                     "model": body.get("model") or "omni-moderation-latest",
+                                     "results": results})
 
     # ----------------------------------------------------------------- Anthropic
 

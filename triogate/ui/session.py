@@ -105,7 +105,13 @@ async def ui_principal(services: Services, key: str) -> UiPrincipal | None:
         return None
     if is_master(services, key):
         return MASTER
-    return await principal_of(services, hash_key(key))
+    if services.store is None:
+        return None
+    # A rotated key's secret is not its id: the session's subject is the id.
+    found = (await services.store.keys_by_secret([hash_key(key)])).get(hash_key(key))
+    if found is None or found[1] is not None:  # unknown, or a secret on its way out
+        return None
+    return await principal_of(services, found[0].token_hash)
 
 
 async def principal_of(services: Services, subject: str) -> UiPrincipal | None:

@@ -24,6 +24,7 @@ from triogate.api.admin.bounds import bad
 from triogate.api.admin.common import announce, begin, context, not_found, sql, store_of
 from triogate.api.admin.fields import (
     LIMIT_FIELDS,
+    iso,
     only,
     paging,
     parse_fields,
@@ -33,6 +34,7 @@ from triogate.api.admin.fields import (
 )
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
+from triogate.governance.principals import Limits
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -103,9 +105,18 @@ async def inherit(store: Store, fields: dict[str, Any], current: Any = None
     return {**fields, **limits_of(budget)}
 
 
-def render_budget_row(row: BudgetRow) -> dict[str, Any]:
-    """A budget as LiteLLM's ``LiteLLM_BudgetTable`` row (plus the exact nano-USD)."""
-    return {**render_row(row), "soft_budget": None, "model_max_budget": None}
+def render_budget_row(row: BudgetRow, now_ms: int) -> dict[str, Any]:
+    """A budget as LiteLLM's ``LiteLLM_BudgetTable`` row (plus the exact nano-USD).
+
+    ``budget_reset_at`` is when the current period ends for an entity attached now
+    (periods count from the budget's creation, or its last duration change); null for a
+    budget without ``budget_duration``.
+    """
+    limits = Limits(max_budget_nanousd=row.max_budget_nanousd,
+                    budget_duration_s=row.budget_duration_s,
+                    budget_anchor_s=row.budget_anchor_s or 0)
+    return {**render_row(row), "soft_budget": None, "model_max_budget": None,
+            "budget_reset_at": iso(limits.budget_period_end_ms(now_ms))}
 
 
 async def budget_new(services: Services, request: Request, caller: Caller) -> Response:
@@ -117,7 +128,7 @@ async def budget_new(services: Services, request: Request, caller: Caller) -> Re
                  else str(uuid.uuid4()))
     with sql(f"create budget '{budget_id}'"):
         row = await store_of(services).create_budget(budget_id=budget_id, **fields)
-    return Response.json(render_budget_row(row))
+    return Response.json(render_budget_row(row, services.clock_ms()))
 
 
 async def budget_update(services: Services, request: Request, caller: Caller) -> Response:
@@ -136,7 +147,7 @@ async def budget_update(services: Services, request: Request, caller: Caller) ->
         for kind, ident in users:
             await getattr(store, _KINDS[kind])(ident, **limits)
     headers = await announce(services, *users)
-    return Response.json(render_budget_row(row), headers=headers)
+    return Response.json(render_budget_row(row, services.clock_ms()), headers=headers)
 
 
 async def budget_info(services: Services, request: Request, caller: Caller) -> Response:
@@ -151,7 +162,7 @@ async def budget_info(services: Services, request: Request, caller: Caller) -> R
     if missing:
         raise ApiError(404, f"budget(s) not found: {', '.join(map(repr, missing))}",
                        "not_found_error", param="budgets")
-    return Response.json([render_budget_row(found[i]) for i in ids])
+    return Response.json([render_budget_row(found[i], services.clock_ms()) for i in ids])
 
 
 async def budget_list(services: Services, request: Request, caller: Caller) -> Response:
@@ -159,7 +170,7 @@ async def budget_list(services: Services, request: Request, caller: Caller) -> R
     page, size = paging(request.query, default_size=1000)
     with sql("list budgets"):
         rows, _ = await store_of(services).list_budgets(page=page, size=size)
-    return Response.json([render_budget_row(r) for r in rows])
+    return Response.json([render_budget_row(r, services.clock_ms()) for r in rows])
 
 
 async def budget_delete(services: Services, request: Request, caller: Caller) -> Response:

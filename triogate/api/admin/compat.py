@@ -9,7 +9,8 @@ that is silently ignored.
 
 Fields that name whole features triogate leaves out (organizations, SSO and UI login,
 guardrails per key or team) say so in their refusal. The implemented fields live in
-``fields.py``; the README's migration table is rendered from both (:func:`field_table`).
+``fields.py``; the migration table in docs/migrating-from-litellm.md is rendered from
+both (:func:`field_table`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Noop:
     """A converter that accepts only values asking for nothing (it stores nothing).
 
     Attributes:
-        reason: what the field would ask for, for the refusal and the README.
+        reason: what the field would ask for, for the refusal and the migration table.
         defaults: further values accepted as "nothing" (e.g. ``"default"``).
     """
 
@@ -49,7 +50,7 @@ class Noop:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
             return {}
         raise bad(name, f"asks for {self.reason}; triogate accepts it only when null or "
-                        "empty (see the README's 'Migrating from LiteLLM')")
+                        "empty (see docs/migrating-from-litellm.md)")
 
 
 def _n(reason: str, *defaults: Any) -> Noop:
@@ -67,7 +68,6 @@ _VECTOR = _n("vector stores, which triogate does not serve")
 _PROMPTS = _n("prompt management, which triogate does not have")
 _INVITE = _n("invitation e-mails, which triogate does not send")
 _CONFIG = _n("key-specific config overrides")
-_ROTATE = _n("automatic key rotation")
 _ACCESS_GROUPS = _n("access groups stored by id; name the config's access groups "
                     "(model_info.access_groups) in 'models' instead")
 _ROUTER = _n("per-key router settings")
@@ -120,8 +120,6 @@ KEY_NOOP: dict[str, Converter] = {
     "rpm_limit_type": _LIMIT_TYPE,
     "tpm_limit_type": _LIMIT_TYPE,
     "key_type": _n("key types (llm_api / management / read_only)", "default"),
-    "auto_rotate": _ROTATE,
-    "rotation_interval": _ROTATE,
     "allowed_vector_store_indexes": _VECTOR,
     "router_settings": _ROUTER,
     "access_group_ids": _ACCESS_GROUPS,
@@ -193,7 +191,7 @@ def table(implemented: Mapping[str, Converter], noop: Mapping[str, Converter]
 
 
 def field_table(name: str, fields: Mapping[str, Converter]) -> list[tuple[str, str, str]]:
-    """``(field, status, note)`` rows for the README: implemented or accepted as no-op."""
+    """``(field, status, note)`` rows for the migration table: implemented or accepted as no-op."""
     rows = []
     for field in sorted(fields):
         conv = fields[field]

@@ -36,14 +36,20 @@ if TYPE_CHECKING:
 #: Entity → (its column title, its settable fields, fields its handlers read themselves).
 ENTITIES: dict[str, tuple[Mapping[str, Converter], dict[str, str]]] = {
     "key": (KEY_FIELDS, {"key": "a chosen raw key (`/key/generate`); the key to change "
-                                "(`/key/update`)"}),
+                                "(`/key/update`, `/key/regenerate`)",
+                         "new_key": "`/key/regenerate`: a chosen new secret",
+                         "grace_period": "`/key/regenerate`: how long the old secret keeps "
+                                         "working (`\"24h\"`; default: refused at once)"}),
     "team": (TEAM_FIELDS, {"team_id": "the id (a UUID when absent on `/team/new`)",
                            "members_with_roles": "implemented on `/team/new`; "
                                                  "afterwards use `/team/member_*`"}),
     "user": (USER_FIELDS, {"user_id": "the id (a UUID when absent)",
                            "auto_create_key": "implemented (`/user/new`, default true)",
                            "key_alias": "`/user/new`: the alias of the key it creates",
-                           "duration": "`/user/new`: the lifetime of the key it creates"}),
+                           "duration": "`/user/new`: the lifetime of the key it creates",
+                           "aliases": "`/user/new`: the model aliases of the key it creates",
+                           "team_id": "`/user/new`: the team the user joins (role `user`, "
+                                      "same transaction) and its key belongs to"}),
     "customer": (END_USER_FIELDS, {"user_id": "the id (required)"}),
     "tag": (TAG_FIELDS, {"name": "the tag (required)"}),
     "budget": (BUDGET_FIELDS, {"budget_id": "the id (a UUID when absent)"}),
@@ -110,10 +116,11 @@ _ROLE_TITLES = {
 #: The model and model-information routes (not in ``roles.RULES``: every key may call
 #: them, each within its own models, budgets and limits).
 MODEL_ROUTES: tuple[tuple[str, str, str], ...] = (
-    ("`POST [/v1]/chat/completions`, `/completions`, `/embeddings`, `/responses`, "
-     "`/messages`, `/openai/deployments/{model}/…`", "yes",
-     "every key: the models it may use, within its (and its team's, user's, customer's, "
-     "tags') budgets and limits; the master key: every model, within the customer's"),
+    ("`POST [/v1]/chat/completions`, `/completions`, `/embeddings`, `/moderations`, "
+     "`/responses`, `/messages`, `/openai/deployments/{model}/…`", "yes",
+     "every key: the models it may use, within its (and its team's, user's, team "
+     "membership's, customer's, tags') budgets and limits; the master key: every model, "
+     "within the customer's. Azure route: a model outside the key's list is a 401"),
     ("`GET [/v1]/models`, `[/v1]/models/{id}`, `[/v1]/model/info`, `/v2/model/info`, "
      "`/model_group/info`", "yes", "the models the caller may use (the master key: all)"),
 )

@@ -42,7 +42,9 @@ from triogate.api.admin.fields import (
     required_str,
     str_list,
 )
+from triogate.api.admin.keys import require_team
 from triogate.api.admin.members import member_ids, parse_members
+from triogate.api.admin.roles import forbidden
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.governance.from_rows import (
@@ -130,7 +132,7 @@ TAGS = EntityApi(
 )
 
 #: /user/new fields that describe the key it creates, not the user.
-_USER_KEY_FIELDS = frozenset({"key_alias", "duration"})
+_USER_KEY_FIELDS = frozenset({"key_alias", "duration", "aliases"})
 
 
 def shaped(api: EntityApi, details: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +147,8 @@ def shaped(api: EntityApi, details: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _create(api: EntityApi, services: Services, body: dict[str, Any],
-                  extra: frozenset[str] = frozenset(), **with_row: Any
+                  extra: frozenset[str] = frozenset(), team_id: str | None = None,
+                  **with_row: Any
                   ) -> tuple[Any, dict[str, str]]:
     fields = parse_fields(body, api.fields, context(services),
                           extra=extra | {api.id_param})
@@ -156,7 +159,10 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
     if api.kind != "tag":
         fields = await inherit(store_of(services), fields)
     with sql(what):
-        row = await api.store_call(store_of(services), "create")(**fields, **with_row)
+        if team_id is not None:  # a user joining a team: one transaction
+            row = await store_of(services).create_user_in_team(team_id, "user", **fields)
+        else:
+            row = await api.store_call(store_of(services), "create")(**fields, **with_row)
     headers = await announce(services, (api.kind, getattr(row, api.store_id)))
     return row, headers
 
@@ -185,7 +191,9 @@ async def new(api: EntityApi, services: Services, request: Request, caller: Call
 async def user_new(services: Services, request: Request, caller: Caller) -> Response:
     """POST /user/new: the user and, unless ``auto_create_key`` is false, a key for it.
 
-    ``key_alias`` and ``duration`` describe that key; its raw value is in ``key``.
+    ``key_alias``, ``duration`` and ``aliases`` describe that key; its raw value is in
+    ``key``. With ``team_id`` the user joins that team (role ``user``) in the same
+    transaction that creates it, and its key belongs to the team.
     """
     body = await begin(services, request)
     auto = body.get("auto_create_key", True)
@@ -194,19 +202,26 @@ async def user_new(services: Services, request: Request, caller: Caller) -> Resp
     key_body = {k: v for k, v in body.items() if k in _USER_KEY_FIELDS}
     key_fields = parse_fields(key_body, KEY_FIELDS, context(services))
     user_body = {k: v for k, v in body.items() if k not in _USER_KEY_FIELDS}
-    if not auto and key_body:
+    if not auto and any(v not in (None, {}) for v in key_body.values()):
         raise bad(next(iter(key_body)), "describes the user's key: set auto_create_key")
+    team_id = user_body.pop("team_id", None)
+    if team_id is not None:
+        team_id = required_str({"team_id": team_id}, "team_id")
+        await require_team(store_of(services), team_id)
+        key_fields["team_id"] = team_id
     if user_body.get("user_role") is None:
         user_body["user_role"] = "internal_user"  # LiteLLM's default for /user/new
     row, headers = await _create(USERS, services, user_body,
-                                 extra=frozenset({"auto_create_key"}))
+                                 extra=frozenset({"auto_create_key"}), team_id=team_id)
     out = render_row(row)
+    out["teams"] = [team_id] if team_id else []
     if auto:
         with sql(f"create a key for user '{row.user_id}'"):
             raw, key = await store_of(services).create_key(user_id=row.user_id, **key_fields)
         rendered = render_row(key)
         out.update({name: rendered[name] for name in (
-            "token", "key_name", "key_hint", "key_alias", "expires", "expires_at_ms")})
+            "token", "key_name", "key_hint", "key_alias", "expires", "expires_at_ms",
+            "aliases")})
         out["key"] = raw
     return Response.json(out, headers=headers)
 
@@ -232,6 +247,14 @@ async def update(api: EntityApi, services: Services, request: Request, caller: C
         store = store_of(services)
         with sql(f"look up {api.label} '{ident}'"):
             current = (await api.store_call(store, "get")([ident])).get(ident)
+        if current is None and api.kind == "user":
+            # LiteLLM's upsert: an unknown user is created, validated as /user/new.
+            body = dict(body)
+            body.setdefault("user_role", None)
+            if body["user_role"] is None:
+                body["user_role"] = "internal_user"
+            row, headers = await _create(api, services, body)
+            return Response.json(shaped(api, render_row(row)), headers=headers)
         if current is None:
             raise not_found(api.label, ident, api.id_param)
         fields = await inherit(store, fields, current)
@@ -331,9 +354,11 @@ async def info(api: EntityApi, services: Services, request: Request, caller: Cal
     if not ident:
         raise ApiError(400, f"missing query parameter '{api.info_param}'",
                        param=api.info_param)
-    if (api.kind == "team" and not caller.may_read_team(ident)) or (
-            api.kind == "user" and not caller.may_read_user(ident)):
+    if api.kind == "team" and not caller.may_read_team(ident):
         raise not_found(api.label, ident, api.info_param)
+    if api.kind == "user" and not caller.may_read_user(ident):
+        # LiteLLM's answer, whether or not the user exists.
+        raise forbidden(f"read user '{ident}' (only your own user)")
     details, _, headers = await _info_of(api, services, ident)
     if api.info_key is None:
         return Response.json(shaped(api, details), headers=headers)

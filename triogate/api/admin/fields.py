@@ -209,6 +209,18 @@ def _tags(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
     return {"tags": tuple(dict.fromkeys(value))}
 
 
+def _auto_rotate(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is not None and not isinstance(value, bool):
+        raise bad(name, "must be a boolean")
+    return {"auto_rotate": bool(value)}
+
+
+def _rotation_interval(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    if value is not None and seconds(name, value) < 60:
+        raise bad(name, "must be at least 60s")
+    return {"rotation_interval": value}
+
+
 def _blocked(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
     if value is not None and not isinstance(value, bool):
         raise bad(name, "must be a boolean")
@@ -304,6 +316,8 @@ KEY_FIELDS: Mapping[str, Converter] = compat.table({
     "tags": _tags,
     "duration": _duration,
     "expires": _expires,
+    "auto_rotate": _auto_rotate,
+    "rotation_interval": _rotation_interval,
 }, compat.KEY_NOOP)
 TEAM_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL, "team_alias": text("team_alias"), "models": _models,
@@ -413,7 +427,8 @@ def iso(epoch_ms: int | None) -> str | None:
 
 
 #: Record fields never rendered: internal period bookkeeping.
-_HIDDEN = frozenset({"budget_duration_s", "budget_anchor_s"})
+_HIDDEN = frozenset({"budget_duration_s", "budget_anchor_s", "secret_hash",
+                     "previous_secret_hash"})
 
 
 def render_row(row: Any) -> dict[str, Any]:
@@ -441,7 +456,7 @@ def render_row(row: Any) -> dict[str, Any]:
         elif name == "expires_at_ms":
             out["expires"] = iso(value)
             out["expires_at_ms"] = value
-        elif name in ("created_at_ms", "updated_at_ms"):
+        elif name.endswith("_at_ms"):  # created_at, key_rotation_at ...
             out[name.removesuffix("_ms")] = iso(value)
             out[name] = value
         elif isinstance(value, tuple):
@@ -454,8 +469,15 @@ def render_row(row: Any) -> dict[str, Any]:
 
 
 def render_member(member: Any) -> dict[str, Any]:
-    """A team member as LiteLLM's ``members_with_roles`` entry."""
-    return {"user_id": member.user_id, "user_email": member.user_email, "role": member.role}
+    """A team member as LiteLLM's ``members_with_roles`` entry, with its limits inside
+    the team (``max_budget_in_team``, and LiteLLM's ``litellm_budget_table``)."""
+    budget = getattr(member, "max_budget_nanousd", None)
+    limits = {"max_budget": usd(budget), "tpm_limit": getattr(member, "tpm_limit", None),
+              "rpm_limit": getattr(member, "rpm_limit", None)}
+    return {"user_id": member.user_id, "user_email": member.user_email, "role": member.role,
+            "max_budget_in_team": usd(budget), "max_budget_in_team_nanousd": budget,
+            "litellm_budget_table": limits if any(v is not None for v in limits.values())
+            else None}
 
 
 def render_budget(state: BudgetState | None) -> dict[str, Any]:

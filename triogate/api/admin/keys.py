@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from triogate.api.admin.bounds import check_custom_key
+from triogate.api.admin.bounds import bad, check_custom_key
 from triogate.api.admin.budgets import inherit
 from triogate.api.admin.common import (
     announce,
@@ -35,6 +35,7 @@ from triogate.api.admin.fields import (
     render_budget,
     render_row,
     required_str,
+    seconds,
     str_list,
 )
 from triogate.api.admin.roles import forbidden
@@ -42,6 +43,7 @@ from triogate.api.admin.selfserve import check_key_write
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 from triogate.governance.from_rows import key_principal
+from triogate.store import hash_key
 
 if TYPE_CHECKING:
     from triogate.api.admin.roles import Caller
@@ -61,10 +63,45 @@ async def require_team(store: Store, team_id: str | None) -> None:
 
 
 async def find_key(store: Store, ref: str) -> KeyRow | None:
-    """The key a raw key or hash names, or None. A checkpoint."""
+    """The key a raw key (its current secret, or the one it was created with) or its id
+    (``token``, the hash) names, or None. A checkpoint."""
     with sql("look up key"):
         found = await store.get_keys(key_candidates(ref))
+        if not found:  # a rotated key's current secret
+            by_secret = await store.keys_by_secret(key_candidates(ref))
+            return next((row for row, ends in by_secret.values() if ends is None), None)
     return next(iter(found.values()), None)
+
+
+async def require_unused(store: Store, raw: str, param: str) -> None:
+    """409 when the chosen raw key already names a key or authenticates as one (a
+    rotated key's secret). A checkpoint."""
+    digest = hash_key(raw)
+    with sql("look up key"):
+        taken = await store.get_keys([digest]) or await store.keys_by_secret([digest])
+    if taken:
+        raise ApiError(409, f"{param}: a key with this value already exists",
+                       "invalid_request_error",
+                       param=param, code="conflict")
+
+
+def schedule(fields: dict[str, Any], now_ms: int, row: KeyRow | None = None
+             ) -> dict[str, Any]:
+    """``fields`` with the next scheduled rotation (``key_rotation_at_ms``) set when
+    ``auto_rotate`` or ``rotation_interval`` change: now + the interval, or none.
+
+    Raises:
+        ApiError: 400 for ``auto_rotate`` without a ``rotation_interval``.
+    """
+    if "auto_rotate" not in fields and "rotation_interval" not in fields:
+        return fields
+    auto = fields.get("auto_rotate", row.auto_rotate if row is not None else False)
+    interval = fields.get("rotation_interval",
+                          row.rotation_interval if row is not None else None)
+    if auto and interval is None:
+        raise bad("rotation_interval", "is required with auto_rotate (e.g. \"30d\")")
+    due = now_ms + seconds("rotation_interval", interval) * 1000 if auto else None
+    return {**fields, "key_rotation_at_ms": due}
 
 
 async def require_alias_free(store: Store, alias: str | None, token_hash: str | None = None
@@ -88,8 +125,11 @@ async def generate(services: Services, request: Request, caller: Caller) -> Resp
         body["key"], services.config.master_key)
     store = store_of(services)
     fields = await check_key_write(caller, store, await inherit(store, fields))
+    fields = schedule(fields, services.clock_ms())
     await require_team(store, fields.get("team_id"))
     await require_alias_free(store, fields.get("key_alias"))
+    if raw_key is not None:
+        await require_unused(store, raw_key, "key")
     with sql("create key"):
         raw, row = await store.create_key(raw_key=raw_key, **fields)
     # A chosen key may have been tried before, and be remembered as unknown.
@@ -97,7 +137,7 @@ async def generate(services: Services, request: Request, caller: Caller) -> Resp
     return Response.json({**render_row(row), "key": raw}, headers=headers)
 
 
-async def _writable(services: Services, caller: Caller, ref: str) -> KeyRow:
+async def writable(services: Services, caller: Caller, ref: str) -> KeyRow:
     """The key ``ref`` names, if the caller may change it (404 / 403). A checkpoint."""
     row = await find_key(store_of(services), ref)
     if row is None or not caller.may_read_key(row):
@@ -107,16 +147,25 @@ async def _writable(services: Services, caller: Caller, ref: str) -> KeyRow:
     return row
 
 
-async def _update(services: Services, caller: Caller, ref: str, fields: dict[str, Any]
-                  ) -> Response:
+async def apply_update(services: Services, caller: Caller, row: KeyRow,
+                       fields: dict[str, Any]) -> KeyRow:
+    """Change ``fields`` of ``row`` (a key the caller may change); the new row. Not
+    announced yet. A checkpoint."""
     store = store_of(services)
-    row = await _writable(services, caller, ref)
     fields = await check_key_write(caller, store, await inherit(store, fields, row), row)
+    fields = schedule(fields, services.clock_ms(), row)
     await require_alias_free(store, fields.get("key_alias"), row.token_hash)
     with sql("update key"):
         updated = await store.update_key(row.token_hash, **fields)
     if updated is None:  # deleted meanwhile
         raise not_found("key", "(given)", "key")
+    return updated
+
+
+async def _update(services: Services, caller: Caller, ref: str, fields: dict[str, Any]
+                  ) -> Response:
+    updated = await apply_update(services, caller, await writable(services, caller, ref),
+                                 fields)
     headers = await announce(services, ("key", updated.token_hash))
     return Response.json(render_row(updated), headers=headers)
 
@@ -159,24 +208,36 @@ async def delete(services: Services, request: Request, caller: Caller) -> Respon
             rows, _ = await store.list_keys(key_alias=alias, page=1, size=1)
             refs.append(rows[0].token_hash if rows else "")
             found.update({r.token_hash: r for r in rows})
+        # A rotated key named by its current secret: found under that secret's hash.
+        lost = [c for ref in refs if ref and not any(c in found for c in key_candidates(ref))
+                for c in key_candidates(ref)]
+        for secret, (row, ends) in (await store.keys_by_secret(lost)).items():
+            if ends is None:
+                found[secret] = row
     hashes: list[str] = []
     missing: list[int] = []
     for i, ref in enumerate(refs):
         match = next((c for c in key_candidates(ref) if c in found), None) if ref else None
-        if match is None or not caller.may_read_key(found[match]):
+        if match is None and caller.sees_all:
             missing.append(i)
-        elif not caller.may_write_key(found[match]):
-            raise forbidden("delete this key")
+        elif match is None or not caller.may_write_key(found[match]):
+            # LiteLLM's 403, the same whether or not the key exists; nothing is deleted.
+            raise forbidden(f"delete key #{i} (not yours, or no such key); nothing was "
+                            "deleted")
         else:
-            hashes.append(match)
+            hashes.append(found[match].token_hash)
     if missing:
         # Never echo what was sent: it may be a raw key.
         raise ApiError(404, f"key(s) not found: #{', #'.join(map(str, missing))}; "
                        "nothing was deleted", "not_found_error", param="keys")
     hashes = list(dict.fromkeys(hashes))
+    # Every hash the keys may be remembered under (a rotated key's secrets too).
+    by_id = {r.token_hash: r for r in found.values()}
+    remembered = [h for t in hashes for h in (
+        t, by_id[t].secret_hash, by_id[t].previous_secret_hash) if h]
     with sql("delete keys"):
         await store.delete_keys(hashes)
-    headers = await announce(services, *(("key", h) for h in hashes))
+    headers = await announce(services, *(("key", h) for h in dict.fromkeys(remembered)))
     return Response.json({"deleted_keys": hashes}, headers=headers)
 
 

@@ -5,8 +5,14 @@ A member is ``{"role": "admin" | "user", "user_id": ..., "user_email": ...}`` (a
 e-mail). Adding a member who is not a user yet creates the user (an ``internal_user``),
 as LiteLLM does. Team admins manage their own team's members (``roles.RULES``). Every
 change of one request happens in one transaction: all of it, or nothing.
-``max_budget_in_team`` and per-member limits are accepted only when null (triogate keeps
-no per-member budgets).
+
+**Per-member limits.** ``max_budget_in_team`` (USD; on ``member_add`` for every member
+it adds, on ``member_update``), ``tpm_limit`` and ``rpm_limit`` (``member_update``) bound
+what the member spends and sends through the team's keys that belong to it (``user_id``
+of the key), per period of the team's ``budget_duration``. They are reserved with the
+key's, team's and user's own, in the same pre-call round (no extra Redis wait). Each
+change is announced like the team's, so it takes effect on every process within a
+second; null clears a limit.
 """
 
 from __future__ import annotations
@@ -15,26 +21,42 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from triogate.api.admin.bounds import bad, check_text
-from triogate.api.admin.common import begin, not_found, sql, store_of
-from triogate.api.admin.compat import Noop
+from triogate.api.admin.common import announce, begin, not_found, sql, store_of
 from triogate.api.admin.converters import FieldContext
-from triogate.api.admin.fields import only, render_member, render_row, required_str
+from triogate.api.admin.fields import (
+    count,
+    only,
+    parse_fields,
+    render_member,
+    render_row,
+    required_str,
+    usd_to_nanousd,
+)
 from triogate.api.admin.roles import forbidden
 from triogate.api.errors import ApiError
 from triogate.api.http import Response
 
 if TYPE_CHECKING:
+    from triogate.api.admin.converters import Converter
     from triogate.api.admin.roles import Caller
     from triogate.api.http import Request
     from triogate.api.services import Services
     from triogate.store import Store
 
 MEMBER_ROLES = ("admin", "user")
-_PER_MEMBER = Noop("per-member budgets and limits inside a team")
-#: The member bodies' fields that ask for nothing here (for the README's field table).
-MEMBER_FIELDS = {name: _PER_MEMBER for name in ("max_budget_in_team", "tpm_limit",
-                                                "rpm_limit")}
 _NO_CTX = FieldContext(groups=frozenset(), now_ms=0)
+
+
+def _budget_in_team(name: str, value: Any, ctx: FieldContext) -> dict[str, Any]:
+    return {"max_budget_nanousd": None if value is None else usd_to_nanousd(name, value)}
+
+
+#: The member bodies' limit fields (for the migration page's field table too).
+MEMBER_FIELDS: dict[str, Converter] = {
+    "max_budget_in_team": _budget_in_team,
+    "tpm_limit": count("tpm_limit"),
+    "rpm_limit": count("rpm_limit"),
+}
 
 
 def parse_member(name: str, value: Any) -> tuple[str | None, str | None, str]:
@@ -93,18 +115,21 @@ async def _team(services: Services, caller: Caller, body: dict[str, Any]) -> Any
     return team
 
 
-async def _answer(services: Services, team: Any, **extra: Any) -> Response:
+async def _answer(services: Services, team: Any, headers: dict[str, str] | None = None,
+                  **extra: Any) -> Response:
     with sql("list team members"):
         members = (await store_of(services).team_members([team.team_id]))[team.team_id]
     return Response.json({**render_row(team),
-                          "members_with_roles": [render_member(m) for m in members], **extra})
+                          "members_with_roles": [render_member(m) for m in members], **extra},
+                         headers=headers or {})
 
 
 async def member_add(services: Services, request: Request, caller: Caller) -> Response:
     """POST /team/member_add ``{team_id, member: {...} | [{...}], max_budget_in_team}``."""
     body = await begin(services, request)
     only(body, "team_id", "member", "max_budget_in_team")
-    _PER_MEMBER("max_budget_in_team", body.get("max_budget_in_team"), _NO_CTX)
+    limits = parse_fields({k: v for k, v in body.items() if k == "max_budget_in_team"},
+                          MEMBER_FIELDS, _NO_CTX)
     if "member" not in body:
         raise ApiError(400, "missing required field 'member'", param="member")
     wanted = parse_members("member", body["member"])
@@ -120,12 +145,15 @@ async def member_add(services: Services, request: Request, caller: Caller) -> Re
                        "/team/member_update); nothing was added", "invalid_request_error",
                        param="member", code="conflict")
     with sql(f"add members to team '{team.team_id}'"):
-        await store.change_team_members(team.team_id, add=members, create_users=create)
-    return await _answer(services, team, updated_users=create,
+        await store.change_team_members(team.team_id, add=members, create_users=create,
+                                        add_limits=limits)
+    headers = await announce(services, ("team", team.team_id)) if limits else {}
+    return await _answer(services, team, headers, updated_users=create,
                          updated_team_memberships=[m[0] for m in members])
 
 
-async def _existing_member(services: Services, team_id: str, body: dict[str, Any]) -> str:
+async def _existing_member(services: Services, team_id: str, body: dict[str, Any],
+                           *, status: int = 404) -> str:
     user_id, email = body.get("user_id"), body.get("user_email")
     if user_id is None and email is None:
         raise ApiError(400, "missing required field 'user_id' (or 'user_email')",
@@ -136,6 +164,10 @@ async def _existing_member(services: Services, team_id: str, body: dict[str, Any
         if (user_id is not None and m.user_id == user_id) or (
                 user_id is None and m.user_email == email):
             return m.user_id
+    if status == 400:  # LiteLLM's answer to removing someone who is not a member
+        raise ApiError(400, f"'{user_id or email}' is not a member of team '{team_id}'; "
+                       "nothing was removed", "invalid_request_error", param="user_id",
+                       code="not_a_member")
     raise not_found("team member", str(user_id or email), "user_id")
 
 
@@ -144,25 +176,28 @@ async def member_delete(services: Services, request: Request, caller: Caller) ->
     body = await begin(services, request)
     only(body, "team_id", "user_id", "user_email")
     team = await _team(services, caller, body)
-    user_id = await _existing_member(services, team.team_id, body)
+    user_id = await _existing_member(services, team.team_id, body, status=400)
     with sql(f"remove a member of team '{team.team_id}'"):
         await store_of(services).change_team_members(team.team_id, remove=[user_id])
-    return await _answer(services, team)
+    # The member's own limits in the team no longer apply to its keys.
+    return await _answer(services, team, await announce(services, ("team", team.team_id)))
 
 
 async def member_update(services: Services, request: Request, caller: Caller) -> Response:
     """POST /team/member_update ``{team_id, user_id | user_email, role}``."""
     body = await begin(services, request)
-    only(body, "team_id", "user_id", "user_email", "role", "max_budget_in_team",
-         "tpm_limit", "rpm_limit")
-    for name in ("max_budget_in_team", "tpm_limit", "rpm_limit"):
-        _PER_MEMBER(name, body.get(name), _NO_CTX)
+    only(body, "team_id", "user_id", "user_email", "role", *MEMBER_FIELDS)
+    limits = parse_fields({k: v for k, v in body.items() if k in MEMBER_FIELDS},
+                          MEMBER_FIELDS, _NO_CTX)
+    role = body.get("role")
+    if role is not None and role not in MEMBER_ROLES:
+        raise bad("role", "must be 'admin' or 'user'")
     team = await _team(services, caller, body)
     user_id = await _existing_member(services, team.team_id, body)
-    role = body.get("role")
-    if role is not None:
-        if role not in MEMBER_ROLES:
-            raise bad("role", "must be 'admin' or 'user'")
+    if role is not None or limits:
         with sql(f"update a member of team '{team.team_id}'"):
-            await store_of(services).change_team_members(team.team_id, roles={user_id: role})
-    return await _answer(services, team)
+            await store_of(services).change_team_members(
+                team.team_id, roles={user_id: role} if role is not None else None,
+                limits={user_id: limits} if limits else None)
+    headers = await announce(services, ("team", team.team_id)) if limits else {}
+    return await _answer(services, team, headers)

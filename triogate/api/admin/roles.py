@@ -16,7 +16,7 @@ their team's members and keys, whatever their role; the table names them ``team_
 
 :data:`RULES` gives each route the roles that may call it at all (401/403 otherwise,
 before the body is read); handlers then narrow by ownership with the :class:`Caller`
-methods (``may_read_key`` ...). ``README.md`` renders the same table.
+methods (``may_read_key`` ...). ``docs/governance.md`` renders the same table.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ ROLES = (ADMIN, VIEWER, INTERNAL, INTERNAL_VIEWER, KEY)
 @final
 @attrs.frozen(kw_only=True)
 class Rule:
-    """Who may call a route, and what they then see or change (for the README)."""
+    """Who may call a route, and what they then see or change (for the docs)."""
 
     roles: frozenset[str]
     scope: str
@@ -70,6 +70,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/key/delete"): _KEY_WRITE,
     ("POST", "/key/block"): _KEY_WRITE,
     ("POST", "/key/unblock"): _KEY_WRITE,
+    ("POST", "/key/regenerate"): _KEY_WRITE,
     ("GET", "/key/info"): _rule("admins and viewers: any key; others: keys they own, their "
                                 "teams' keys (team admins), a key itself", *_EVERYONE),
     ("GET", "/key/list"): _rule("admins and viewers: every key; users: their own keys and "
@@ -93,6 +94,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/spend/logs/ui"): _rule("as /spend/logs", *_EVERYONE),
     ("GET", "/spend/logs/v2"): _rule("as /spend/logs", *_EVERYONE),
     ("GET", "/spend/daily"): _ADMIN_READ,
+    ("GET", "/global/spend/report"): _ADMIN_READ,
     ("POST", "/tag/info"): _ADMIN_READ,
 }
 #: The writes and reads of each entity that have no rule above (admins write, admins
@@ -211,12 +213,14 @@ async def resolve_caller(services: Services, request: Request) -> Caller:
         raise ApiError(401, "invalid API key", "authentication_error")
     store = store_of(services)
     with sql("look up the calling key"):
-        key = (await store.get_keys([hash_key(raw)])).get(hash_key(raw))
+        key, ends_ms = (await store.keys_by_secret([hash_key(raw)])).get(
+            hash_key(raw), (None, None))
     if key is None:
         raise ApiError(401, "invalid API key", "authentication_error")
     if key.blocked:
         raise ApiError(401, "this API key is blocked", "authentication_error")
-    if key.expires_at_ms is not None and key.expires_at_ms <= services.clock_ms():
+    now_ms = services.clock_ms()
+    if any(t is not None and t <= now_ms for t in (key.expires_at_ms, ends_ms)):
         raise ApiError(401, "this API key has expired", "authentication_error")
     user: UserRow | None = None
     admin_of: set[str] = set()

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from triogate.api.admin import budgets as admin_budgets
 from triogate.api.admin import keys as admin_keys
 from triogate.api.admin import members as admin_members
+from triogate.api.admin import report as admin_report
+from triogate.api.admin import rotation as admin_rotation
 from triogate.api.admin import spend as admin_spend
 from triogate.api.admin.entities import END_USERS, TAGS, TEAMS, USERS, handlers, tag_info_many
 from triogate.api.admin.entities import user_new as _user_new
@@ -52,12 +54,14 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
         ("POST", "/key/delete"): admin_keys.delete,
         ("POST", "/key/block"): admin_keys.block,
         ("POST", "/key/unblock"): admin_keys.unblock,
+        ("POST", "/key/regenerate"): admin_rotation.regenerate,
         ("GET", "/key/info"): admin_keys.info,
         ("GET", "/key/list"): admin_keys.list_keys,
         ("GET", "/spend/logs"): admin_spend.spend_logs,
         ("GET", "/spend/logs/v2"): admin_spend.spend_logs_paged,
         ("GET", "/spend/logs/ui"): admin_spend.spend_logs_paged,
         ("GET", "/spend/daily"): admin_spend.spend_daily,
+        ("GET", "/global/spend/report"): admin_report.spend_report,
         ("POST", "/tag/info"): tag_info_many,
         ("POST", "/team/member_add"): admin_members.member_add,
         ("POST", "/team/member_delete"): admin_members.member_delete,
@@ -78,6 +82,11 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
     table[("POST", "/user/new")] = _user_new
     table.update(admin_budgets.routes())
     return table
+
+
+def regenerate_by_path() -> Handler:
+    """``POST /key/{key}/regenerate``, guarded as ``/key/regenerate`` (a path pattern)."""
+    return guarded(RULES[("POST", "/key/regenerate")], admin_rotation.regenerate_by_path)
 
 
 def routes() -> dict[tuple[str, str], Handler]:

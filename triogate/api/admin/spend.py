@@ -111,7 +111,22 @@ def render_log(row: SpendLogRow) -> dict[str, Any]:
         "start_time_ms": row.start_time_ms,
         "end_time_ms": row.end_time_ms,
         "guardrails": orjson.loads(row.guardrails) if row.guardrails else [],
+        "metadata": _json(row.metadata) or {},
+        "cache_key": row.cache_key,
+        "api_base": row.api_base,
+        "messages": _json(row.messages),
+        "response": _json(row.response),
     }
+
+
+def _json(text: str | None) -> Any:
+    """A JSON-text column's value (None when empty or unreadable)."""
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def scoped(caller: Caller, found: dict[str, Any]) -> dict[str, Any]:

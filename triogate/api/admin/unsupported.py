@@ -1,18 +1,24 @@
 """LiteLLM routes for features triogate leaves out, answered with a 400 that says so.
 
-Organizations, SSO / UI login, guardrails over the API and runtime model management (``/model/new``
-and friends) are not part of triogate. A LiteLLM script that calls them gets a 400 in
+Organizations, SSO / UI login, guardrails over the API, runtime model management
+(``/model/new`` and friends), images, audio, files, batches, fine-tuning, rerank, assistants
+and vector stores are not part of triogate. A LiteLLM script or SDK that calls them gets a 400 in
 OpenAI's error shape (``code: unsupported_feature``) naming what is missing and what to
-use instead, never a 404 that could pass for a typo or a success that did nothing. The
-caller is authenticated first (a wrong key is a 401, as on every route), so the answer
-tells an anonymous caller nothing.
+use instead, never a 404 that could pass for a typo, a 401 that sends its author
+looking for a key problem, or a success that did nothing. The answer does not depend on
+the key (it says only what the documentation says), so it is the same for every caller.
+
+Routes with an id in the path (``/v1/files/{id}``, ``/v1/batches/{id}/cancel``,
+``/openai/deployments/{model}/images/generations``) are matched by prefix
+(:data:`PREFIXES`, :data:`AZURE_SUFFIXES`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from triogate.api.admin.roles import resolve_caller
+import trio
+
 from triogate.api.errors import ApiError
 
 if TYPE_CHECKING:
@@ -31,6 +37,54 @@ _GUARDRAILS = ("guardrails over the API: configure them in the config file's gua
                "(docs/governance-features.md)")
 _MODELS = ("runtime model management: deployments come from the config file's model_list "
            "(restart, or roll the processes, to change them)")
+_IMAGES = "image generation (images/generations, edits, variations): call the provider directly"
+_AUDIO = ("audio (speech, transcriptions, translations): call the provider directly")
+_FILES = "the files API: upload files to the provider directly"
+_BATCHES = "the batches API: submit batches to the provider directly"
+_FINE_TUNING = "fine-tuning jobs: create them with the provider directly"
+_RERANK = "rerank: call the provider directly"
+_ASSISTANTS = "assistants and threads: call the provider directly"
+_VECTOR = "vector stores: call the provider directly"
+
+#: OpenAI-style paths (with and without ``/v1``) → what is missing.
+_OPENAI_PATHS: dict[tuple[str, str], str] = {
+    ("POST", "/images/generations"): _IMAGES,
+    ("POST", "/images/edits"): _IMAGES,
+    ("POST", "/images/variations"): _IMAGES,
+    ("POST", "/audio/speech"): _AUDIO,
+    ("POST", "/audio/transcriptions"): _AUDIO,
+    ("POST", "/audio/translations"): _AUDIO,
+    ("POST", "/files"): _FILES,
+    ("GET", "/files"): _FILES,
+    ("POST", "/batches"): _BATCHES,
+    ("GET", "/batches"): _BATCHES,
+    ("POST", "/fine_tuning/jobs"): _FINE_TUNING,
+    ("GET", "/fine_tuning/jobs"): _FINE_TUNING,
+    ("POST", "/rerank"): _RERANK,
+    ("POST", "/assistants"): _ASSISTANTS,
+    ("GET", "/assistants"): _ASSISTANTS,
+    ("POST", "/threads"): _ASSISTANTS,
+    ("POST", "/vector_stores"): _VECTOR,
+    ("GET", "/vector_stores"): _VECTOR,
+}
+
+#: (method, path prefix) → what is missing, for paths that carry an id.
+PREFIXES: tuple[tuple[str, str, str], ...] = tuple(
+    (method, f"{v1}{path}/", what)
+    for v1 in ("/v1", "")
+    for method in ("GET", "POST", "DELETE")
+    for path, what in (("/files", _FILES), ("/batches", _BATCHES),
+                       ("/fine_tuning/jobs", _FINE_TUNING), ("/assistants", _ASSISTANTS),
+                       ("/threads", _ASSISTANTS), ("/vector_stores", _VECTOR))
+)
+
+#: Suffixes of the Azure route (``/openai/deployments/{model}<suffix>``) → what is missing.
+AZURE_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("/images/generations", _IMAGES),
+    ("/audio/speech", _AUDIO),
+    ("/audio/transcriptions", _AUDIO),
+    ("/audio/translations", _AUDIO),
+)
 
 #: (method, path) → what is missing.
 UNSUPPORTED: dict[tuple[str, str], str] = {
@@ -53,18 +107,23 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("POST", "/model/update"): _MODELS,
     ("POST", "/model/delete"): _MODELS,
     ("PATCH", "/model/update"): _MODELS,
+    **{(method, f"{v1}{path}"): what for (method, path), what in _OPENAI_PATHS.items()
+       for v1 in ("/v1", "")},
 }
 
 
-def _refuse(what: str) -> Handler:
+def refuse(what: str) -> Handler:
+    """A handler answering that triogate does not have ``what`` (whatever the key)."""
+
     async def refuse(services: Services, request: Request) -> Response:
-        await resolve_caller(services, request)  # 401 first, as everywhere
-        raise ApiError(400, f"triogate does not have {what} (see the README's 'Migrating "
-                       "from LiteLLM')", "invalid_request_error", code="unsupported_feature")
+        await trio.lowlevel.checkpoint()
+        raise ApiError(400, f"triogate does not have {what} (see docs/litellm-admin.md, "
+                       "'Unsupported LiteLLM routes')", "invalid_request_error",
+                       code="unsupported_feature")
 
     return refuse
 
 
 def routes() -> dict[tuple[str, str], Handler]:
     """Every refused route, keyed by (method, path)."""
-    return {route: _refuse(what) for route, what in UNSUPPORTED.items()}
+    return {route: refuse(what) for route, what in UNSUPPORTED.items()}
