@@ -47,8 +47,9 @@ ALLOWED: dict[str, frozenset[str]] = {name: frozenset(deps) for name, deps in {
     "ui": ("api", "batch", "config", "errors", "governance", "routing", "store"),
     "app": ("api", "batch", "cache", "config", "errors", "governance", "metrics", "otel",
             "providers", "redis_server", "routing", "server", "store"),
+    "asgi": ("_log", "api", "app", "config", "errors"),  # the ASGI application: app's lifespan
     "bench": ("api", "app", "batch", "config", "errors", "redis_server"),
-    "cli": ("_log", "app", "bench", "config", "errors", "redis_server", "server"),
+    "cli": ("_log", "app", "asgi", "bench", "config", "errors", "redis_server", "server"),
     "__main__": ("cli",),
 }.items()}
 

@@ -48,6 +48,9 @@ class GatewayASGI:
         self.max_in_flight = services.config.settings.max_in_flight
         self.in_flight = 0
         self.refused = 0
+        #: Why the master key is unfit for a public address (``triogate.asgi`` refuses
+        #: requests that arrive on one); None when it is fit, or the server checked it.
+        self.insecure: str | None = None
         self.routes = routes.table()
         self._paths: dict[str, list[str]] = {}
         for method, path in self.routes:
