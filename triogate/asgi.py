@@ -75,6 +75,8 @@ class GatewayApp:
         self._on_ready = on_ready
         self._clock_ms = clock_ms
         self._setup_logging = setup_logging
+        #: Why the last startup failed (the line the server was sent), if it did.
+        self.failure: str | None = None
 
     def load(self) -> GatewayConfig:
         """The gateway's config (``config``, else the file, else ``TRIOGATE_CONFIG``).
@@ -148,11 +150,14 @@ class GatewayApp:
             lines = operator_lines(exc)
             if started or lines is None:
                 raise
-            text = "; ".join(lines)
-            logger.error("gateway not started: %s", text)
-            await send({"type": "lifespan.startup.failed", "message": text})
+            failure = "; ".join(lines)
+        else:
+            await send({"type": "lifespan.shutdown.complete"})
             return
-        await send({"type": "lifespan.shutdown.complete"})
+        # Outside the handler: the server's own report of the failure chains no traceback.
+        logger.error("gateway not started: %s", failure)
+        self.failure = failure
+        await send({"type": "lifespan.startup.failed", "message": failure})
 
 
 def create_app(config_path: str | Path | None = None, **options: Any) -> GatewayApp:

@@ -72,6 +72,11 @@ def run_hypercorn(args: argparse.Namespace, config: GatewayConfig,
     Raises:
         ConfigError: bad TLS options, the state folder in use, or the gateway did not start.
     """
+    try:
+        import hypercorn  # noqa: F401
+    except ImportError:
+        raise ConfigError("--server hypercorn needs hypercorn: pip install "
+                          "'triogate[hypercorn]'") from None
     hc = hypercorn_config(args, config)
     if args.workers > 1:
         return _supervise(args, config, environ, hc)
@@ -89,8 +94,9 @@ def run_hypercorn(args: argparse.Namespace, config: GatewayConfig,
 
     try:
         trio.run(lambda: serve(app, hc, shutdown_trigger=stop_on_signal))  # type: ignore[arg-type]
-    except LifespanFailureError as exc:
-        raise ConfigError(str(exc.args[0]) if exc.args else "gateway not started") from None
+    except* LifespanFailureError:
+        # The lifespan logged why; the operator's one line says it again.
+        raise ConfigError(app.failure or "the gateway did not start") from None
     return 0
 
 
