@@ -356,6 +356,7 @@ def server_config(config: GatewayConfig) -> ServerConfig:
         max_connections=wanted or fits,
         keep_alive_s=KEEP_ALIVE_S,
         body_read_timeout_s=config.settings.http.body_read_timeout_s,
+        body_total_timeout_s=config.settings.http.max_body_read_s,
         shutdown_grace_s=config.settings.shutdown_grace_s,
         backlog=LISTEN_BACKLOG,
         error_body=protocol_errors.error_body,  # 400/408/431/500: JSON body, x-request-id
