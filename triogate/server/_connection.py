@@ -70,7 +70,7 @@ _LINGER_BYTES: Final = 1 << 20
 #: A connection's bytes may exceed its requests' heads and bodies this many times over,
 #: plus the slack (a read in progress, a head not yet complete); beyond, 400.
 _FRAMING_FACTOR: Final = 4
-_FRAMING_SLACK: Final = 256 * 1024
+_FRAMING_SLACK: Final = 64 * 1024
 #: What a head costs beyond ``head_size`` (request line, line ends), for that count.
 _HEAD_LINE_BYTES: Final = 32
 
@@ -215,6 +215,11 @@ class Connection(Idle):
         message.keep_alive = parser.should_keep_alive() and message.version == "1.1"
         if message.head_size > self.config.max_head_bytes:
             self._refuse(message, 431)
+        elif message.version not in ("1.1", "1.0"):
+            # llhttp takes ``HTTP/2.0`` (and 0.9) in a request line: not a version this
+            # server speaks (RFC 9110 15.6.6). An HTTP/2 client must use hypercorn.
+            self._refuse(message, 505, f"HTTP/{message.version} is not served here: "
+                                       "HTTP/1.1 only")
         elif message.hosts > 1 or (message.hosts == 0 and message.version == "1.1"):
             # RFC 9112 3.2: an HTTP/1.1 request without ``host``, or any with two, is 400
             # (two could name different hosts to a front proxy and to us).
@@ -398,7 +403,7 @@ class Connection(Idle):
             return
         if self._error:
             await self._answer_error(self._error, self._reason)
-        if self._error in (400, 431, 501) or self._unread:
+        if self._error in (400, 431, 501, 505) or self._unread:
             await self._linger()
 
     async def _loop(self) -> None:
