@@ -28,6 +28,7 @@ from tests.e2e.conftest import (
     short_request,
     spend_rows,
 )
+from triogate.redis_server import server_spec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -180,3 +181,45 @@ async def test_workers_that_would_each_start_an_embedded_server_are_refused(
                 if "is in use by another gateway" in line and "gateway not started" in line]
     assert len(refusals) == 1, stderr.decode()[-3000:]
     assert "triogate.redis.url" in refusals[0]
+
+
+async def test_serve_with_hypercorn_workers_runs_one_embedded_server_for_them(
+    tmp_path: Path, upstream: FakeUpstream,
+) -> None:
+    write_config(tmp_path / "config.yaml", upstream.base_url, None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "triogate", "serve", "--server", "hypercorn", "--workers", "2",
+         "--port", "0", "--config", str(tmp_path / "config.yaml")],
+        stderr=subprocess.PIPE, env={**os.environ, "TRIOGATE_LOG_LEVEL": "info"})
+    assert process.stderr is not None
+    try:
+        def read_until_ready() -> tuple[str, set[str], set[str]]:
+            url, pids, redis = "", set(), set()
+            for line in process.stderr:  # type: ignore[union-attr]
+                found = re.search(rb"Running on (http://127\.0\.0\.1:\d+)", line)
+                if found:
+                    url = found.group(1).decode()
+                ready = re.search(rb'"gateway ready".*"redis":"([^"]+)".*"pid":(\d+)', line)
+                if ready:
+                    redis.add(ready.group(1).decode())
+                    pids.add(ready.group(2).decode())
+                if url and len(pids) == 2:
+                    return url, pids, redis
+            raise AssertionError("the workers exited before they were ready")
+
+        with trio.fail_after(60):
+            url, pids, redis = await trio.to_thread.run_sync(read_until_ready)
+            async with httpx.AsyncClient(timeout=20) as http:
+                response = await http.post(f"{url}/v1/chat/completions",
+                                           headers=MASTER_HEADERS,
+                                           json=short_request("chat", "two workers"))
+                assert response.status_code == 200
+            process.send_signal(signal.SIGTERM)
+            code = await trio.to_thread.run_sync(process.wait, 30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code == 0
+    assert len(pids) == 2 and len(redis) == 1  # both on the supervisor's one server
+    spec = server_spec(tmp_path / "state" / "redis", persistent=True)
+    assert not spec.socket_path.exists()  # stopped with the supervisor

@@ -15,7 +15,7 @@ import trio
 import yaml
 
 from tests.e2e.conftest import MASTER_HEADERS, MASTER_KEY, UPSTREAM_KEY, short_request
-from triogate.redis_server import ping
+from triogate.redis_server import ping, server_spec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,7 +55,7 @@ async def test_a_second_gateway_on_the_same_state_folder_is_refused(
 
         with trio.fail_after(60):
             url = await trio.to_thread.run_sync(read_url)
-            socket_path = state / "redis" / "redis.sock"
+            socket_path = server_spec(state / "redis", persistent=True).socket_path
             assert await ping(socket_path)
             for extra in ((), ("--server", "hypercorn"), ("--workers", "2")):
                 second = serve(config, *extra)
