@@ -130,7 +130,8 @@ class GatewayASGI:
         first (a key only Redis can check), or refused (no key, or one known invalid)."""
         if self._open or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return _VOUCHED
-        has_body = False
+        # HTTP/1 frames a body by its headers; an HTTP/2 stream may carry one without them.
+        has_body = scope.get("http_version") == "2"
         key = None
         for name, value in scope["headers"]:
             if name == b"content-length":
