@@ -248,9 +248,10 @@ class HttpSettings:
     ``max_body_read_s``: a whole request body must arrive within this long after its
     head, however steadily it comes; otherwise 408 and the connection closed.
     ``max_unauthenticated_bodies``: request bodies one worker reads at once for keys not
-    yet known to be valid (none in memory); they do not hold ``max_in_flight`` slots
-    while they arrive, and one more is refused with 503. A request without any key is
-    refused 401 on its head, before its body is read.
+    yet known to be valid (none in memory); they hold no ``max_in_flight`` slot while
+    they arrive, and the others wait their turn (the wait and the read within
+    ``max_body_read_s``). A request without any key is refused 401 on its head, before
+    its body is read.
     """
 
     metrics_key: str | None = attrs.field(default=None, repr=False)

@@ -1,7 +1,7 @@
 """Requests judged on their head before their body is read, behind both servers: no key is
 401 at once (no ``100 Continue``, no body waited for); bodies trickled with a key only
-Redis could check do not hold ``max_in_flight`` slots, and count against their own,
-smaller bound."""
+Redis could check do not hold ``max_in_flight`` slots: they are read a smaller bound's
+worth at a time (the others wait their turn), each within ``max_body_read_s``."""
 
 from __future__ import annotations
 
@@ -99,33 +99,50 @@ async def test_trickled_bodies_hold_no_in_flight_slot_and_have_their_own_bound(
     tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream, server: str,
 ) -> None:
     config = gateway_config(tmp_path / "state", redis_url, upstream.base_url, triogate={
-        "max_in_flight": 2, "http": {"max_unauthenticated_bodies": 2}})
+        "max_in_flight": 2, "http": {"max_unauthenticated_bodies": 2, "max_body_read_s": 3}})
     with trio.fail_after(60):
         async with running_gateway(config, server=server) as gateway, \
                 httpx.AsyncClient(timeout=20) as http:
-            # Two clients trickle bodies with keys no one has seen (only Redis could say).
+            # Two clients trickle bodies with keys no one has seen (only Redis could say):
+            # they hold the two turns to read such bodies.
             tricklers = [await open_request(gateway.url, chat_head(b"sk-unseen-%d" % n))
                          for n in range(2)]
             for stream in tricklers:
                 await stream.send_all(BODY[:1])
             await trio.sleep(0.3)
-            assert gateway.services is not None
-            # A third is one too many for the bound of unchecked bodies: 503 at once.
-            third = await open_request(gateway.url, chat_head(b"sk-unseen-3"))
-            async with third:
-                with trio.fail_after(5):
-                    answer = await read_answer(third)
-            assert answer.startswith(b"HTTP/1.1 503 "), answer[:300]
-            # The in-flight slots are all free for a request with a good key.
+            # A third, whole body at once, waits for its turn.
+            third = await open_request(gateway.url, chat_head(b"sk-unseen-3") + BODY)
+            with trio.move_on_after(0.3):
+                assert await third.receive_some(65536) == b"", "answered before its turn"
+            # The in-flight slots are all free for requests with a good key meanwhile.
             for n in range(3):
                 ok = await http.post(f"{gateway.openai_base}/chat/completions",
                                      headers=MASTER_HEADERS,
                                      json=short_request("chat", f"normal {n}"))
                 assert ok.status_code == 200, ok.text
-            # The trickled bodies, once complete, meet the key check as ever: 401.
-            for stream in tricklers:
+            # The trickled bodies, once complete, meet the key check as ever (401); then
+            # the third has its turn.
+            for stream in [*tricklers, third]:
                 async with stream:
-                    await stream.send_all(BODY[1:])
+                    if stream is not third:
+                        await stream.send_all(BODY[1:])
                     with trio.fail_after(10):
                         answer = await read_answer(stream)
                     assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
+            # Bodies that never come are 408 at the bound, and free their turns.
+            holders = [await open_request(gateway.url, chat_head(b"sk-unseen-%d" % n))
+                       for n in (4, 5)]
+            started = trio.current_time()
+            for stream in holders:
+                await stream.send_all(BODY[:1])
+            for stream in holders:
+                async with stream:
+                    with trio.fail_after(15):
+                        answer = await read_answer(stream)
+                    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+            assert 2.5 < trio.current_time() - started < 10
+            async with httpx.AsyncClient(timeout=20) as fresh:
+                after = await fresh.post(f"{gateway.openai_base}/chat/completions",
+                                         headers={"authorization": "Bearer sk-unseen-9"},
+                                         json=short_request("chat", "after"))
+            assert after.status_code == 401

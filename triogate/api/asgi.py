@@ -7,10 +7,13 @@ and the client gets a 500 in its API's shape, never a stack trace.
 A request with a body is judged on its head before the body is read: without any key
 (where keys are needed) it is refused 401 at once, unread; with a key memory knows to be
 invalid, 401 too. A key memory cannot vouch for (not the master key, not a virtual key
-held fresh) has its body read here, before it takes a ``max_in_flight`` slot, counted
-against the smaller ``triogate.http.max_unauthenticated_bodies`` and bounded by
-``max_body_bytes`` and ``triogate.http.max_body_read_s``: clients trickling bodies
-without a valid key cannot hold the slots the gateway's work needs.
+held fresh) has its body read here, before it takes a ``max_in_flight`` slot: at most
+``triogate.http.max_unauthenticated_bodies`` such bodies are read at once (the others
+wait their turn, in arrival order), and the wait and the read together are bounded by
+``triogate.http.max_body_read_s`` (503 if the turn never came, 408 if the body did not)
+and ``max_body_bytes`` (413). Clients trickling bodies without a valid key cannot hold
+the slots the gateway's work needs, and a burst of requests for a key not yet in memory
+is read a bound's worth at a time.
 """
 
 from __future__ import annotations
@@ -65,9 +68,8 @@ class GatewayASGI:
         self.in_flight = 0
         self.refused = 0
         settings = services.config.settings
-        #: Bodies being read for keys memory cannot vouch for, and their bound.
-        self.unvouched = 0
-        self.max_unvouched = settings.http.max_unauthenticated_bodies
+        #: Turns to read the body of a key memory cannot vouch for.
+        self.unvouched = trio.CapacityLimiter(settings.http.max_unauthenticated_bodies)
         self._max_body = settings.max_body_bytes
         self._body_time_s = settings.http.max_body_read_s
         master = services.config.master_key
@@ -96,20 +98,17 @@ class GatewayASGI:
             await self._refuse(scope, receive, send, verdict)
             return
         if verdict == _UNVOUCHED:
-            if self.unvouched >= self.max_unvouched:
-                self.refused += 1
-                await _overloaded(path).send(send, receive)
-                return
-            self.unvouched += 1
             try:
-                body = await self._read_body(receive)
+                body = await self._read_unvouched(receive)
             except ApiError as exc:
-                await self._refuse(scope, receive, send, exc)
+                if exc.status == 503:
+                    self.refused += 1
+                    await _overloaded(path).send(send, receive)
+                else:
+                    await self._refuse(scope, receive, send, exc)
                 return
             except ClientGone:
                 return
-            finally:
-                self.unvouched -= 1
             receive = _Replay(body, receive)
         limit = self.max_in_flight
         if not limit:
@@ -158,29 +157,35 @@ class GatewayASGI:
             return ApiError(401, "invalid API key", "authentication_error", code="invalid_key")
         return _VOUCHED if known else _UNVOUCHED
 
-    async def _read_body(self, receive: Receive) -> bytes:
-        """The whole body (see the module docstring for its bounds).
+    async def _read_unvouched(self, receive: Receive) -> bytes:
+        """The whole body, read in its turn (see the module docstring for the bounds).
 
         Raises:
-            ApiError: 413 past ``max_body_bytes``; 408 past ``max_body_read_s``.
+            ApiError: 503 when no turn came, 408 when the body did not, within
+                ``max_body_read_s``; 413 past ``max_body_bytes``.
             ClientGone: the client left.
         """
         chunks: list[bytes] = []
         size = 0
         limit = self._max_body
+        turn = False
         with trio.move_on_after(self._body_time_s):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientGone()
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"request body exceeds {limit} bytes",
-                                   "request_too_large")
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
+            async with self.unvouched:
+                turn = True
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone()
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(413, f"request body exceeds {limit} bytes",
+                                       "request_too_large")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        if not turn:
+            raise ApiError(503, "too many request bodies being read for keys not yet checked")
         raise ApiError(408, f"request body not received within {self._body_time_s:g} s",
                        "timeout_error")
 
