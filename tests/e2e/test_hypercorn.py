@@ -63,6 +63,11 @@ async def test_http2_prior_knowledge_over_cleartext(
                                   headers=MASTER_HEADERS, content=b"{not json")
             assert bad.status_code == 400 and bad.http_version == "HTTP/2"
             assert bad.json()["error"]["type"] == "invalid_request_error"
+            # No key: refused on the head (its connection header is HTTP/1's only).
+            keyless = await http.post(f"{gateway.openai_base}/chat/completions",
+                                      json=short_request("chat", "no key"))
+            assert keyless.status_code == 401 and keyless.http_version == "HTTP/2"
+            assert keyless.json()["error"]["code"] == "missing_key"
             rows = await spend_rows(gateway, 4)
             assert {row.status for row in rows} == {"success"}
 
