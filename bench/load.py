@@ -225,12 +225,12 @@ class Bench:
 
     @contextlib.contextmanager
     def gateway(self, variant: str, config: Path, workers: int, redis_url: str,
-                base: dict[str, list[psutil.Process]]
+                base: dict[str, list[psutil.Process]], server: str = "triogate",
                 ) -> Iterator[tuple[str, dict[str, list[psutil.Process]]]]:
-        """A gateway process for the block, provisioned and warmed up; its URL and the
-        processes to watch. Records its workers' peak RSS at the end."""
+        """A gateway process (behind ``server``) for the block, provisioned and warmed up;
+        its URL and the processes to watch. Records its workers' peak RSS at the end."""
         gateway, url = procs.start_gateway(self.logs, config=config, workers=workers,
-                                           redis_url=redis_url,
+                                           redis_url=redis_url, server=server,
                                            name=f"gateway-{len(self.memory)}")
         try:
             if self.key is None:

@@ -157,8 +157,10 @@ def wait_idle(watch: dict[str, list[psutil.Process]], *, cores: float = 0.05,
 
 
 def start_gateway(log_dir: Path, *, config: Path, workers: int, redis_url: str,
-                  name: str, profile_to: Path | None = None) -> tuple[Proc, str]:
-    """``python -m triogate serve``; returns once ``/health/readiness`` answers 200.
+                  name: str, profile_to: Path | None = None,
+                  server: str = "triogate") -> tuple[Proc, str]:
+    """``python -m triogate serve`` (``--server``: ``server``); returns once
+    ``/health/readiness`` answers 200.
 
     With ``profile_to``, the (single) worker runs under ``py-spy record`` (raw stacks;
     ``--gil``: only the thread holding the GIL is sampled, so idle threads do not count).
@@ -166,7 +168,7 @@ def start_gateway(log_dir: Path, *, config: Path, workers: int, redis_url: str,
     port = free_port()
     env = {**os.environ, "TRIOGATE_REDIS_URL": redis_url, "TRIOGATE_LOG_LEVEL": "warning"}
     argv = [sys.executable, "-m", "triogate", "serve", "--config", str(config), "--port",
-            str(port), "--workers", str(workers)]
+            str(port), "--workers", str(workers), "--server", server]
     if profile_to is not None:
         argv = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
                 "--rate", "200", "--gil", "--output", str(profile_to), "--", *argv]

@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run the two ends through `streamtool relay` (the C floor)")
     p.add_argument("--relay-scan", action="store_true",
                    help="with --relay, also through the relay that scans for SSE events")
+    p.add_argument("--server", choices=("triogate", "hypercorn"), default="triogate",
+                   help="the gateway's HTTP server (triogate serve --server)")
     p.add_argument("--out", type=Path, default=L.OUT)
     a = p.parse_args(argv)
     build_tool()
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         config.write_text(yaml.safe_dump(cfg))
         gateway, url = procs.start_gateway(logs, config=config, workers=1,
                                            redis_url=f"redis://127.0.0.1:{rport}",
-                                           name="gateway")
+                                           name="gateway", server=a.server)
         key = L.provision(url)
         watch = {**base, "gateway": procs.gateway_workers(gateway, 1)}
         # Warm-up (connections, scripts) with a chunk count the measured runs do not use:

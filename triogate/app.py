@@ -42,6 +42,7 @@ from triogate.batch import (
     redact_url,
 )
 from triogate.cache.response import ResponseCache
+from triogate.errors import ConfigError
 from triogate.governance import budgets
 from triogate.governance.alerts import Alerts
 from triogate.governance.facts import CheckSettings
@@ -56,7 +57,12 @@ from triogate.otel import SpanExporter
 from triogate.providers import build_providers
 from triogate.redis_server import open_embedded_server
 from triogate.routing.router import Router
-from triogate.server import ServerConfig, connections_for, open_files_limit
+from triogate.server import (
+    ServerConfig,
+    connections_for,
+    open_files_limit,
+    raise_open_files_limit,
+)
 from triogate.server import serve as serve_http
 from triogate.store import open_store
 from triogate.store.spendlog import SpendLogWriter
@@ -113,6 +119,50 @@ GC_THRESHOLDS = (20_000, 20, 20)
 #: wait for the client's retransmission (1 s, 3 s, 7 s...) before the gateway sees them:
 #: at 4,096 connections most of them, so the in-flight limit could not even refuse them.
 LISTEN_BACKLOG = 4096
+
+
+#: The example config's master key: fine on loopback, refused anywhere else.
+EXAMPLE_MASTER_KEY = "sk-triogate-dev"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def insecure_key(config: GatewayConfig) -> str | None:
+    """Why the master key is not fit for a public address (None when it is)."""
+    if config.master_key is None:
+        return "no master key"
+    if config.master_key == EXAMPLE_MASTER_KEY:
+        return "the example master key"
+    return None
+
+
+def check_bind(config: GatewayConfig, host: str) -> None:
+    """Refuse to listen on a public address without a real master key: the one safety
+    check of both ways to serve (``triogate serve``, and the ASGI application under any
+    server, where it runs for each new server address a request arrives on).
+
+    Raises:
+        ConfigError: ``host`` is not loopback and the master key is missing or the example's.
+    """
+    why = insecure_key(config)
+    if why is not None and host not in LOOPBACK:
+        raise ConfigError(f"refusing to listen on {host} with {why}: set "
+                          "general_settings.master_key or TRIOGATE_MASTER_KEY")
+
+
+def prepare_process(config: GatewayConfig, host: str | None) -> None:
+    """What a gateway process does before it serves, whichever server runs it: warn of an
+    open gateway, refuse an unsafe bind (``host``, when known), raise the open-files limit.
+
+    Raises:
+        ConfigError: see :func:`check_bind`.
+    """
+    if config.master_key is None:
+        logger.warning("no master_key configured: every request is accepted without a key")
+    if host is not None:
+        check_bind(config, host)
+    before, after = raise_open_files_limit()  # --workers: the workers inherit it
+    if after > before:
+        logger.info("open-files limit raised from %d to %d", before, after)
 
 
 def tune_gc() -> None:
@@ -343,6 +393,7 @@ def server_config(config: GatewayConfig) -> ServerConfig:
         max_connections=wanted or fits,
         keep_alive_s=KEEP_ALIVE_S,
         body_read_timeout_s=config.settings.http.body_read_timeout_s,
+        body_total_timeout_s=config.settings.http.max_body_read_s,
         shutdown_grace_s=config.settings.shutdown_grace_s,
         backlog=LISTEN_BACKLOG,
         error_body=protocol_errors.error_body,  # 400/408/431/500: JSON body, x-request-id

@@ -318,6 +318,13 @@ class HttpSettings:
     an idle kept-alive one is closed for a newcomer, and with none idle newcomers wait in
     the listen queue. Unset: what the open-files limit leaves room for, one upstream
     connection each (``triogate.server._limits``).
+    ``max_body_read_s``: a whole request body must arrive within this long after its
+    head, however steadily it comes; otherwise 408 and the connection closed.
+    ``max_unauthenticated_bodies``: request bodies one worker reads at once for keys not
+    yet known to be valid (none in memory); they hold no ``max_in_flight`` slot while
+    they arrive, and the others wait their turn (the wait and the read within
+    ``max_body_read_s``). A request without any key is refused 401 on its head, before
+    its body is read.
     """
 
     metrics_key: str | None = attrs.field(default=None, repr=False)
@@ -325,6 +332,8 @@ class HttpSettings:
     cors_max_age_s: int = attrs.field(default=600, validator=_non_negative)
     body_read_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     max_connections: int | None = attrs.field(default=None, validator=_optional(_positive))
+    max_body_read_s: float = attrs.field(default=60.0, validator=_positive)
+    max_unauthenticated_bodies: int = attrs.field(default=32, validator=_positive)
 
 
 @attrs.frozen(kw_only=True)
@@ -338,8 +347,11 @@ class KeyRotationSettings:
     is shown to nobody and the key's holder asks an admin for one.
     """
 
+    #: How often each process looks for keys due for rotation (one of them rotates each).
     check_interval_s: float = attrs.field(default=60.0, validator=_positive)
+    #: How long a rotated-out secret keeps working (0: refused at once).
     grace_period_s: float = attrs.field(default=0.0, validator=_non_negative)
+    #: Where each new secret is written (a mode-0600 file per key) for a secret-sync agent.
     secrets_dir: str | None = None
 
 

@@ -19,11 +19,15 @@ Its life is the gateway's (:class:`EmbeddedServer`):
   again); the settler replays its journal by itself once Redis answers.
 * A watchdog pings it every second; :attr:`EmbeddedServer.down_since` says since when it
   has not answered, which liveness turns into a 503 after a grace period.
+* One gateway per state folder: the one that starts the server holds an exclusive lock on
+  the folder's ``lock`` file (:func:`lock_state_folder`) until the server is stopped. A
+  second gateway there is refused before it touches the first one's server or socket.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
@@ -53,6 +57,41 @@ _START_TIMEOUT_S = 10.0
 
 class EmbeddedServerError(ConfigError):
     """Raised when no server binary is found or the embedded server does not start."""
+
+
+class StateFolderInUse(EmbeddedServerError):
+    """Raised when another gateway holds the state folder (it runs its embedded server)."""
+
+
+#: The lock file in the server's folder; it holds the pid of the gateway that owns it.
+LOCK_NAME = "lock"
+
+
+def lock_state_folder(folder: Path) -> int:
+    """Take the folder's exclusive lock (``flock``, released when the process ends however
+    it ends); the descriptor to close to release it.
+
+    Raises:
+        StateFolderInUse: another process holds it (its pid is in the message).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise StateFolderInUse(
+            f"state folder {folder.parent} is in use by another gateway (pid {holder}), "
+            "which runs its embedded Redis server there: stop it, give this one another "
+            "triogate.state_dir, or share one Redis (triogate.redis.url) between "
+            "workers") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+    return fd
 
 
 def find_server_binary() -> str:
@@ -217,7 +256,11 @@ class SyncServer:
     def __init__(self, state_dir: Path, *, persistent: bool = False,
                  _spec: ServerSpec | None = None) -> None:
         self.spec = _spec or server_spec(state_dir, persistent=persistent)
+        #: The state folder's lock, held by a persistent (a gateway's) server.
+        self.lock: int | None = None
         if _spec is None:
+            if persistent:
+                self.lock = lock_state_folder(self.spec.pid_path.parent)
             _stop_leftover(self.spec)
         if self.spec.socket_path.exists():
             self.spec.socket_path.unlink()
@@ -258,14 +301,19 @@ class SyncServer:
         return self.spec.url
 
     def stop(self) -> None:
-        """Terminate and reap the process (SIGKILL after 5 s)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Terminate and reap the process (SIGKILL after 5 s); release the folder's lock."""
+        try:
+            if self.process.poll() is None:
+                self.process.terminate()
+                try:
+                    self.process.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+        finally:
+            if self.lock is not None:
+                os.close(self.lock)
+                self.lock = None
 
 
 #: Restart backoff after the embedded server died: doubling from the first to the last.
@@ -449,10 +497,14 @@ async def open_embedded_server(
         EmbeddedServerError: no binary, or it did not start within 10 s.
     """
     spec = server_spec(Path(state_dir), persistent=persistent)
-    await trio.to_thread.run_sync(_stop_leftover, spec)
-    server = EmbeddedServer(spec)
+    lock = lock_state_folder(spec.pid_path.parent)  # before anything of a running one is touched
     try:
-        await server.start()
-        yield server
+        await trio.to_thread.run_sync(_stop_leftover, spec)
+        server = EmbeddedServer(spec)
+        try:
+            await server.start()
+            yield server
+        finally:
+            await server.stop()
     finally:
-        await server.stop()
+        os.close(lock)

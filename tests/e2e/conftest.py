@@ -1,4 +1,9 @@
-"""A gateway started by the test, in its own trio loop, talking to real loopback servers."""
+"""A gateway started by the test, in its own trio loop, talking to real loopback servers.
+
+The gateway runs behind its own HTTP server (``triogate``) or behind hypercorn serving
+``triogate.asgi`` (``hypercorn``): the ``server`` fixture says which. A module or test
+marked with :data:`BOTH_SERVERS` runs once behind each.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,11 @@ if TYPE_CHECKING:
     from triogate.config import GatewayConfig
     from triogate.store.records import SpendLogRow
     from triogate.testing.fakeupstream import FakeUpstream
+
+#: The HTTP servers the gateway runs behind.
+SERVERS = ("triogate", "hypercorn")
+#: Run a test (or a module, as ``pytestmark``) once behind each server.
+BOTH_SERVERS = pytest.mark.parametrize("server", SERVERS)
 
 MASTER_KEY = "sk-test-master"
 UPSTREAM_KEY = "sk-upstream-secret"
@@ -81,6 +91,31 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> None:
             base[key] = value
 
 
+class InFlight:
+    """Requests inside the application. Behind hypercorn a client can have its whole
+    answer while the handler has not returned yet (its settlement not queued): a test
+    waits for none to be left before it waits for the settler."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.count = 0
+        self.idle = trio.Event()
+        self.idle.set()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.count += 1
+        self.idle = trio.Event() if self.idle.is_set() else self.idle
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.count -= 1
+            if not self.count:
+                self.idle.set()
+
+
 @attrs.frozen
 class Gateway:
     """A running gateway: its base URL, its services (tracer, settler...) and its stop."""
@@ -88,27 +123,75 @@ class Gateway:
     url: str
     services: Services
     shutdown: trio.Event
+    requests: InFlight | None = None
 
     @property
     def openai_base(self) -> str:
         return f"{self.url}/v1"
 
+    async def drained(self) -> None:
+        """Once every request's handler returned, until the settler has nothing left."""
+        if self.requests is not None:
+            await self.requests.idle.wait()
+        await self.services.settler.wait_drained()
+
 
 @asynccontextmanager
 async def running_gateway(
-    config: GatewayConfig, *, clock_ms: Callable[[], int] = wall_clock_ms
+    config: GatewayConfig, *, clock_ms: Callable[[], int] = wall_clock_ms,
+    server: str = "triogate", certfile: Path | None = None, keyfile: Path | None = None,
 ) -> AsyncIterator[Gateway]:
-    """Serve ``config`` on 127.0.0.1 (any port) for the block; drain on exit."""
+    """Serve ``config`` on 127.0.0.1 (any port) for the block behind ``server``; drain on
+    exit. ``certfile``/``keyfile``: hypercorn serves TLS (``https://``)."""
     shutdown = trio.Event()
+    requests = None
     async with trio.open_nursery() as nursery:
-        binds, services = await nursery.start(
-            partial(serve, config, host="127.0.0.1", port=0, shutdown=shutdown,
-                    handle_signals=False, clock_ms=clock_ms)
-        )
+        if server == "hypercorn":
+            binds, services, requests = await nursery.start(partial(
+                serve_hypercorn, config, shutdown, clock_ms=clock_ms, certfile=certfile,
+                keyfile=keyfile))
+        else:
+            binds, services = await nursery.start(
+                partial(serve, config, host="127.0.0.1", port=0, shutdown=shutdown,
+                        handle_signals=False, clock_ms=clock_ms)
+            )
         try:
-            yield Gateway(binds[0], services, shutdown)
+            yield Gateway(binds[0], services, shutdown, requests)
         finally:
             shutdown.set()
+
+
+async def serve_hypercorn(
+    config: GatewayConfig, shutdown: trio.Event, *, clock_ms: Callable[[], int],
+    certfile: Path | None = None, keyfile: Path | None = None,
+    task_status: trio.TaskStatus[tuple[list[str], Services, InFlight]] = (
+        trio.TASK_STATUS_IGNORED),
+) -> None:
+    """``triogate.asgi`` under hypercorn's trio worker in this loop, with the settings
+    ``triogate serve --server hypercorn`` gives it."""
+    import argparse
+
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from triogate.asgi import create_app
+    from triogate.cli.hypercorn import hypercorn_config
+
+    ready: list[Services] = []
+    app = InFlight(create_app(config=config, clock_ms=clock_ms, on_ready=ready.append,
+                              setup_logging=False))
+    args = argparse.Namespace(host="127.0.0.1", port=0, workers=1, certfile=certfile,
+                              keyfile=keyfile)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(
+            hypercorn_serve, app, hypercorn_config(args, config),  # type: ignore[arg-type]
+            shutdown_trigger=shutdown.wait))
+        task_status.started((binds, ready[0], app))
+
+
+@pytest.fixture
+def server() -> str:
+    """The HTTP server of the ``gateway`` fixture (:data:`BOTH_SERVERS` parametrises it)."""
+    return "triogate"
 
 
 @pytest.fixture
@@ -119,12 +202,12 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 @pytest.fixture
 async def gateway(
-    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream, server: str
 ) -> AsyncIterator[Gateway]:
-    """The default test gateway (fresh Redis database, state in tmp_path)."""
+    """The default test gateway (fresh Redis database, state in tmp_path), behind ``server``."""
     config = gateway_config(tmp_path / "state", redis_url, upstream.base_url)
     with trio.fail_after(60):
-        async with running_gateway(config) as gw:
+        async with running_gateway(config, server=server) as gw:
             yield gw
 
 
@@ -133,7 +216,7 @@ async def traced_waits(gateway: Gateway, response: Any) -> Any:
     post-call wait is counted). Asserts the response was a 200 first."""
     assert response.status_code == 200, response.text
     with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+        await gateway.drained()
     assert gateway.services.tracer is not None
     return gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
 
@@ -170,7 +253,7 @@ async def spend_rows(gateway: Gateway, count: int) -> list[SpendLogRow]:
     services = gateway.services
     assert services.spend_logs is not None and services.store is not None
     with trio.fail_after(10):
-        await services.settler.wait_drained()
+        await gateway.drained()
         await services.spend_logs.wait_drained()
     rows, total = await services.store.query_spend_logs()
     assert total == count

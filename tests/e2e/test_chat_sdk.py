@@ -9,13 +9,13 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
+from tests.e2e.conftest import BOTH_SERVERS, MASTER_KEY, UPSTREAM_KEY
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import Gateway
     from triogate.testing.fakeupstream import FakeUpstream
 
-pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, BOTH_SERVERS]
 
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "What is structured concurrency?"}]

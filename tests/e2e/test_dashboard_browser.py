@@ -26,7 +26,13 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY, gateway_config, running_gateway
+from tests.e2e.conftest import (
+    BOTH_SERVERS,
+    MASTER_KEY,
+    UPSTREAM_KEY,
+    gateway_config,
+    running_gateway,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -34,7 +40,7 @@ if TYPE_CHECKING:
     from tests.e2e.conftest import Gateway
     from triogate.testing.fakeupstream import FakeUpstream
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, BOTH_SERVERS]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -301,13 +307,13 @@ def flow(page: Any, base: str, seen: dict[str, Any]) -> None:
 
 @pytest.fixture
 async def gateway(tmp_path: Path, redis: object, redis_url: str,
-                  upstream: FakeUpstream) -> AsyncIterator[Gateway]:
+                  upstream: FakeUpstream, server: str) -> AsyncIterator[Gateway]:
     """The default gateway, bounded by the browser flow's own 240 s rather than the
     default fixture's 60 s, which a loaded host's browser flow outlasted (the gateway was
     cancelled under it: connection refused)."""
     config = gateway_config(tmp_path / "state", redis_url, upstream.base_url)
     with trio.fail_after(300):
-        async with running_gateway(config) as gw:
+        async with running_gateway(config, server=server) as gw:
             yield gw
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import gateway_config, running_gateway, traced_waits
+from tests.e2e.conftest import BOTH_SERVERS, gateway_config, running_gateway, traced_waits
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -20,18 +20,18 @@ if TYPE_CHECKING:
     from triogate.batch import RespBackend, TraceSummary
     from triogate.testing.fakeupstream import FakeUpstream
 
-pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, BOTH_SERVERS]
 
 USD = 1_000_000_000
 
 
 @pytest.fixture
 async def governed(tmp_path: Path, redis: RespBackend, redis_url: str,
-                   upstream: FakeUpstream) -> AsyncIterator[tuple[Gateway, str]]:
+                   upstream: FakeUpstream, server: str) -> AsyncIterator[tuple[Gateway, str]]:
     config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
                             router_settings={"routing_strategy": "usage-based-routing"})
     with trio.fail_after(60):
-        async with running_gateway(config) as gateway:
+        async with running_gateway(config, server=server) as gateway:
             store = gateway.services.store
             assert store is not None
             team = await store.create_team(team_alias="ml", max_budget_nanousd=100 * USD,
@@ -53,7 +53,7 @@ async def traced(gateway: Gateway, key: str, **extra: object) -> TraceSummary:
                                    headers={"authorization": f"Bearer {key}"})
     assert response.status_code == 200, response.text
     with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+        await gateway.drained()
     assert gateway.services.tracer is not None
     return gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
 
@@ -148,7 +148,7 @@ async def _fail_in_admission(gateway: Gateway, key: str, monkeypatch: pytest.Mon
                                    headers={"authorization": f"Bearer {key}"})
     assert response.status_code == 500
     with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+        await gateway.drained()
 
 
 async def test_a_failing_check_leaves_no_reservation_of_the_other(
@@ -200,7 +200,7 @@ async def test_a_failing_budget_check_leaves_no_count_of_the_rate_limits(
     gateway, key = governed
     await traced(gateway, key)  # warms the identity
     with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+        await gateway.drained()
     before = await rate_counts(redis)
     assert any(before.values())  # the warm-up request was counted
     await trio.sleep(1.1)

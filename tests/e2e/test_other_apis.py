@@ -11,13 +11,13 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
+from tests.e2e.conftest import BOTH_SERVERS, MASTER_KEY, UPSTREAM_KEY
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import Gateway
     from triogate.testing.fakeupstream import FakeUpstream
 
-pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, BOTH_SERVERS]
 
 
 def claude(gateway: Gateway, key: str = MASTER_KEY) -> anthropic.AsyncAnthropic:
@@ -30,7 +30,7 @@ def gpt(gateway: Gateway) -> openai.AsyncOpenAI:
 
 async def waits_of(gateway: Gateway, trace_id: str) -> tuple[int, int]:
     with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+        await gateway.drained()
     assert gateway.services.tracer is not None
     summary = gateway.services.tracer.summary(trace_id)
     return summary.waits_before, summary.waits_after

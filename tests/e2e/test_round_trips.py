@@ -8,13 +8,13 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, traced_waits
+from tests.e2e.conftest import BOTH_SERVERS, MASTER_KEY, traced_waits
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import Gateway
     from triogate.batch import TraceSummary
 
-pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, BOTH_SERVERS]
 
 BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "count my waits"}]}
 
@@ -26,7 +26,7 @@ async def traced(gateway: Gateway, body: dict[str, object], key: str = MASTER_KE
         response = await http.post(f"{gateway.openai_base}/chat/completions", json=body,
                                    headers={"authorization": f"Bearer {key}"})
     with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
+        await gateway.drained()
     assert gateway.services.tracer is not None
     return response, gateway.services.tracer.summary(response.headers["x-triogate-trace-id"])
 

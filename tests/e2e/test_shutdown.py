@@ -1,4 +1,6 @@
-"""SIGTERM with requests in flight: every one completes, settlement drains, exit 0."""
+"""SIGTERM with requests in flight: every one completes, settlement drains, exit 0; behind
+the own server (``triogate serve``), behind hypercorn (``triogate serve --server
+hypercorn``) and under hypercorn's own command line (``hypercorn triogate.asgi:app``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import trio
 import yaml
 
-from tests.e2e.conftest import MASTER_KEY, UPSTREAM_KEY
+from tests.e2e.conftest import BOTH_SERVERS, MASTER_KEY, UPSTREAM_KEY
 from triogate.store import open_store
 from triogate.testing.fakeupstream import open_fake_upstream
 
@@ -37,10 +39,24 @@ def write_config(path: Path, upstream_url: str, redis_url: str) -> None:
     }))
 
 
-async def start_gateway(config: Path) -> tuple[subprocess.Popen[bytes], str]:
+#: How each test starts the gateway: its command line (the config path appended or given
+#: in ``TRIOGATE_CONFIG``).
+COMMANDS = {
+    "serve": ["-m", "triogate", "serve", "--port", "0", "--config"],
+    "serve-hypercorn": ["-m", "triogate", "serve", "--server", "hypercorn", "--port", "0",
+                        "--config"],
+    "hypercorn": ["-m", "hypercorn", "--worker-class", "trio", "--bind", "127.0.0.1:0",
+                  "triogate.asgi:app"],
+}
+
+
+async def start_gateway(config: Path, how: str = "serve") -> tuple[subprocess.Popen[bytes], str]:
+    command = [sys.executable, *COMMANDS[how]]
+    if command[-1] == "--config":
+        command.append(str(config))
     process = subprocess.Popen(
-        [sys.executable, "-m", "triogate", "serve", "--config", str(config), "--port", "0"],
-        stderr=subprocess.PIPE, env={**os.environ, "TRIOGATE_LOG_LEVEL": "info"},
+        command, stderr=subprocess.PIPE,
+        env={**os.environ, "TRIOGATE_LOG_LEVEL": "info", "TRIOGATE_CONFIG": str(config)},
     )
     assert process.stderr is not None
 
@@ -55,12 +71,13 @@ async def start_gateway(config: Path) -> tuple[subprocess.Popen[bytes], str]:
     return process, url
 
 
+@pytest.mark.parametrize("how", list(COMMANDS))
 async def test_sigterm_lets_in_flight_requests_finish_and_exits_0(
-    tmp_path: Path, redis: RespBackend, redis_url: str
+    tmp_path: Path, redis: RespBackend, redis_url: str, how: str
 ) -> None:
     async with open_fake_upstream(latency_s=1.5) as upstream:
         write_config(tmp_path / "config.yaml", upstream.base_url, redis_url)
-        process, url = await start_gateway(tmp_path / "config.yaml")
+        process, url = await start_gateway(tmp_path / "config.yaml", how)
         try:
             results: list[int] = []
 
@@ -96,8 +113,9 @@ async def test_sigterm_lets_in_flight_requests_finish_and_exits_0(
     assert not list((tmp_path / "state" / "spendlog").glob("spill-*"))
 
 
+@BOTH_SERVERS
 async def test_shutdown_after_a_stream_on_a_kept_alive_connection_is_prompt(
-    tmp_path: Path, redis: RespBackend, redis_url: str
+    tmp_path: Path, redis: RespBackend, redis_url: str, server: str
 ) -> None:
     """A regression: the disconnect watcher's cancel used to land inside hypercorn's
     connection recycling, leaving the idle connection to the whole grace period."""
@@ -107,7 +125,7 @@ async def test_shutdown_after_a_stream_on_a_kept_alive_connection_is_prompt(
         config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
                                 triogate={"shutdown_grace_s": 60})
         with trio.fail_after(30):
-            async with running_gateway(config) as gateway:
+            async with running_gateway(config, server=server) as gateway:
                 http = httpx.AsyncClient()  # left open: its connection stays alive
                 async with http.stream(
                     "POST", f"{gateway.openai_base}/chat/completions",

@@ -18,6 +18,8 @@ pytestmark = pytest.mark.integration
 def test_a_leftover_server_in_the_state_folder_is_stopped_before_a_new_one(tmp_path: Path
                                                                             ) -> None:
     crashed = SyncServer(tmp_path / "redis", persistent=True)  # its gateway died: never stopped
+    assert crashed.lock is not None
+    os.close(crashed.lock)  # the folder's lock went with the gateway that died
     old_pid = crashed.process.pid
     fresh = SyncServer(tmp_path / "redis", persistent=True)
     try:

@@ -51,8 +51,9 @@ ALLOWED: dict[str, frozenset[str]] = {name: frozenset(deps) for name, deps in {
     "app": ("api", "batch", "cache", "config", "config_governance", "errors", "governance",
             "metrics", "otel",
             "providers", "redis_server", "routing", "server", "store"),
+    "asgi": ("_log", "api", "app", "config", "errors"),  # the ASGI application: app's lifespan
     "bench": ("api", "app", "batch", "config", "errors", "redis_server"),
-    "cli": ("_log", "app", "bench", "config", "errors", "redis_server", "server"),
+    "cli": ("_log", "app", "asgi", "bench", "config", "errors", "redis_server", "server"),
     "docgen": ("api", "cli", "config"),  # the generated documentation pages
     "__main__": ("cli",),
 }.items()}

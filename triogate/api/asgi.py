@@ -3,13 +3,27 @@
 Every response carries ``x-request-id`` (the client's, if it sent a sane one). An
 exception that is not an :class:`ApiError` is a bug: it is logged with the request id
 and the client gets a 500 in its API's shape, never a stack trace.
+
+A request with a body is judged on its head before the body is read: without any key
+(where keys are needed) it is refused 401 at once, unread; with a key memory knows to be
+invalid, 401 too. A key memory cannot vouch for (not the master key, not a virtual key
+held fresh) has its body read here, before it takes a ``max_in_flight`` slot: at most
+``triogate.http.max_unauthenticated_bodies`` such bodies are read at once (the others
+wait their turn, in arrival order), and the wait and the read together are bounded by
+``triogate.http.max_body_read_s`` (503 if the turn never came, 408 if the body did not)
+and ``max_body_bytes`` (413). Clients trickling bodies without a valid key cannot hold
+the slots the gateway's work needs, and a burst of requests for a key not yet in memory
+is read a bound's worth at a time.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
 
 from triogate._log import request_id_var
 from triogate.api import routes
@@ -33,6 +47,11 @@ _EXPOSED = ("x-request-id, retry-after, x-ratelimit-remaining-requests, "
 
 #: Paths never refused for overload: probes and scrapes must answer when it matters most.
 _ALWAYS_SERVED = ("/health", "/metrics")
+#: Paths that authenticate otherwise (the dashboard: a session cookie, a sign-in form).
+_OWN_AUTH = ("/ui",)
+#: What the head says of the caller (``_judge``): known good, or to be read first.
+_VOUCHED: Final = 0
+_UNVOUCHED: Final = 1
 
 
 class GatewayASGI:
@@ -48,6 +67,17 @@ class GatewayASGI:
         self.max_in_flight = services.config.settings.max_in_flight
         self.in_flight = 0
         self.refused = 0
+        settings = services.config.settings
+        #: Turns to read the body of a key memory cannot vouch for.
+        self.unvouched = trio.CapacityLimiter(settings.http.max_unauthenticated_bodies)
+        self._max_body = settings.max_body_bytes
+        self._body_time_s = settings.http.max_body_read_s
+        master = services.config.master_key
+        self._master = master.encode() if master is not None else None
+        self._open = master is None and services.identities is None
+        #: Why the master key is unfit for a public address (``triogate.asgi`` refuses
+        #: requests that arrive on one); None when it is fit, or the server checked it.
+        self.insecure: str | None = None
         self.routes = routes.table()
         self._paths: dict[str, list[str]] = {}
         for method, path in self.routes:
@@ -59,8 +89,29 @@ class GatewayASGI:
             return
         if scope["type"] != "http":
             return
+        path = scope["path"]
+        if path.startswith(_ALWAYS_SERVED):
+            await self._serve(scope, receive, send)
+            return
+        verdict = self._judge(scope)
+        if isinstance(verdict, ApiError):
+            await self._refuse(scope, receive, send, verdict)
+            return
+        if verdict == _UNVOUCHED:
+            try:
+                body = await self._read_unvouched(receive)
+            except ApiError as exc:
+                if exc.status == 503:
+                    self.refused += 1
+                    await _overloaded(path).send(send, receive)
+                else:
+                    await self._refuse(scope, receive, send, exc)
+                return
+            except ClientGone:
+                return
+            receive = _Replay(body, receive)
         limit = self.max_in_flight
-        if not limit or scope["path"].startswith(_ALWAYS_SERVED):
+        if not limit:
             await self._serve(scope, receive, send)
             return
         if self.in_flight >= limit:
@@ -72,6 +123,85 @@ class GatewayASGI:
             await self._serve(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+    def _judge(self, scope: dict[str, Any]) -> int | ApiError:
+        """The caller as its head tells: vouched for (or no body to wait for), to be read
+        first (a key only Redis can check), or refused (no key, or one known invalid)."""
+        if self._open or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return _VOUCHED
+        # HTTP/1 frames a body by its headers; an HTTP/2 stream may carry one without them.
+        has_body = scope.get("http_version") == "2"
+        key = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                has_body = value.strip() not in (b"0", b"")
+            elif name == b"transfer-encoding":
+                has_body = True
+            elif name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer" and token.strip():
+                    key = token.strip()
+            elif name in (b"x-api-key", b"api-key") and key is None and value:
+                key = value
+        if not has_body or scope["path"].startswith(_OWN_AUTH):
+            return _VOUCHED
+        if key is None:
+            return ApiError(401, "missing API key: send 'Authorization: Bearer <key>' or "
+                                 "'x-api-key: <key>'", "authentication_error",
+                            code="missing_key")
+        if self._master is not None and hmac.compare_digest(key, self._master):
+            return _VOUCHED
+        identities = self.services.identities
+        known = identities.known(key.decode("latin-1")) if identities is not None else False
+        if known is False:
+            return ApiError(401, "invalid API key", "authentication_error", code="invalid_key")
+        return _VOUCHED if known else _UNVOUCHED
+
+    async def _read_unvouched(self, receive: Receive) -> bytes:
+        """The whole body, read in its turn (see the module docstring for the bounds).
+
+        Raises:
+            ApiError: 503 when no turn came, 408 when the body did not, within
+                ``max_body_read_s``; 413 past ``max_body_bytes``.
+            ClientGone: the client left.
+        """
+        chunks: list[bytes] = []
+        size = 0
+        limit = self._max_body
+        turn = False
+        with trio.move_on_after(self._body_time_s):
+            async with self.unvouched:
+                turn = True
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone()
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(413, f"request body exceeds {limit} bytes",
+                                       "request_too_large")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        if not turn:
+            raise ApiError(503, "too many request bodies being read for keys not yet checked")
+        raise ApiError(408, f"request body not received within {self._body_time_s:g} s",
+                       "timeout_error")
+
+    async def _refuse(self, scope: dict[str, Any], receive: Receive, send: Send,
+                      error: ApiError) -> None:
+        """``error`` for a request refused before its handler ran; its connection closes
+        when its body was not read."""
+        request = Request(scope, receive, "")
+        client_id = request.headers.get("x-request-id", "")
+        error.headers.setdefault("connection", "close")
+        response = _error_response(error, "anthropic" if request.path.endswith("/messages")
+                                   else "openai")
+        response.headers["x-request-id"] = (client_id if _SANE_ID.match(client_id)
+                                            else new_request_id())
+        response.headers.update(self._cors(request))
+        await response.send(send, receive)
 
     async def _serve(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         request = Request(scope, receive, "")
@@ -155,6 +285,22 @@ class GatewayASGI:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+class _Replay:
+    """``receive`` for a handler whose body was read already: the body, then the server's."""
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self._body: bytes | None = body
+        self._receive = receive
+
+    async def __call__(self) -> dict[str, Any]:
+        body = self._body
+        if body is None:
+            return await self._receive()
+        self._body = None
+        await trio.lowlevel.checkpoint()
+        return {"type": "http.request", "body": body, "more_body": False}
 
 
 def _overloaded(path: str) -> Response:

@@ -19,6 +19,7 @@ _MESSAGES = {
     431: "request header fields too large",
     500: "internal error",
     501: "transfer coding not implemented (only chunked is)",
+    505: "HTTP version not supported (HTTP/1.1 only)",
 }
 
 

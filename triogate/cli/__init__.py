@@ -48,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=4000, help="port (default 4000)")
     serve.add_argument("--workers", type=int, default=1,
                        help="processes sharing one port (default 1)")
+    serve.add_argument("--server", choices=("triogate", "hypercorn"), default="triogate",
+                       help="HTTP server: the gateway's own HTTP/1.1 one, or hypercorn "
+                            "(TLS, HTTP/2) (default triogate)")
+    serve.add_argument("--certfile", type=Path, help="TLS certificate (PEM; --server hypercorn)")
+    serve.add_argument("--keyfile", type=Path, help="TLS private key (PEM; --server hypercorn)")
     serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     admin.add_parsers(sub)
     bench = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")

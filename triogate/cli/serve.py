@@ -36,11 +36,6 @@ def load(path: Path | None, environ: Mapping[str, str]) -> GatewayConfig:
     return load_config(path, environ=environ)
 
 
-#: The example config's master key: fine on loopback, refused anywhere else.
-EXAMPLE_MASTER_KEY = "sk-triogate-dev"
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """Serve until SIGINT/SIGTERM; the exit status.
 
@@ -48,19 +43,16 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         ConfigError: bad config, or an unsafe master key on a public address.
     """
     config = load(args.config, environ)
-    if config.master_key is None:
-        logger.warning("no master_key configured: every request is accepted without a key")
-    if args.host not in _LOOPBACK and config.master_key in (None, EXAMPLE_MASTER_KEY):
-        raise ConfigError(
-            f"refusing to listen on {args.host} with "
-            + ("no master key" if config.master_key is None else "the example master key")
-            + ": set general_settings.master_key or TRIOGATE_MASTER_KEY"
-        )
-    from triogate.server import raise_open_files_limit
+    from triogate.app import prepare_process
 
-    before, after = raise_open_files_limit()  # workers inherit it
-    if after > before:
-        logger.info("open-files limit raised from %d to %d", before, after)
+    prepare_process(config, args.host)
+    if args.server == "hypercorn":
+        from triogate.cli.hypercorn import run_hypercorn
+
+        return run_hypercorn(args, config, environ)
+    if args.certfile or args.keyfile:
+        raise ConfigError("--certfile/--keyfile need --server hypercorn (the own server "
+                          "speaks plain HTTP/1.1: put a TLS terminator in front of it)")
     if args.workers > 1 and args.listen_fd is None:
         return _supervise(args, config, environ)
     from triogate.app import serve

@@ -256,6 +256,12 @@ class IdentityResolver:
         entry = self._get(kind, ident)
         return entry.row if entry is not None else None
 
+    def known(self, raw_key: str) -> bool | None:
+        """What memory says of ``raw_key`` without a wait: True for a key it holds fresh,
+        False for one it knows, fresh, not to exist, None when only Redis can say."""
+        entry = self._fresh("key", hash_key(raw_key))
+        return None if entry is None else entry.row is not None
+
     def memory_entries(self) -> tuple[int, int]:
         """How many rows memory holds: (known rows and keys, unknown tags)."""
         return len(self._memory), len(self._unknown_tags)

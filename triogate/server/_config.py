@@ -28,8 +28,10 @@ class ServerConfig:
     ``keep_alive_s``: an idle connection (no request, none partly received) is closed
     after this long. ``body_read_timeout_s``: the longest a request's head may take from
     its first byte, and a body may go without a byte; then it is answered 408 and closed
-    (``None``: no bound). ``shutdown_grace_s``: how long requests in flight may take to finish once
-    shutdown starts. ``max_head_bytes``: a longer request head is answered 431 (16 KiB,
+    (``None``: no bound). ``body_total_timeout_s``: the longest a whole body may take
+    from the end of its head, however steadily its bytes come (408; ``None``: no bound).
+    ``shutdown_grace_s``: how long requests in flight may take to finish once shutdown
+    starts. ``max_head_bytes``: a longer request head is answered 431 (16 KiB,
     h11's and hypercorn's default). ``write_timeout_s``: a write that cannot make
     progress this long means the client stopped reading; it is treated as gone.
     ``max_pipelined_bytes``: while a response is in flight, how much of the client's next
@@ -44,6 +46,7 @@ class ServerConfig:
 
     keep_alive_s: float = 75.0
     body_read_timeout_s: float | None = 30.0
+    body_total_timeout_s: float | None = 60.0
     shutdown_grace_s: float = 10.0
     max_head_bytes: int = 16 * 1024
     write_timeout_s: float = 75.0

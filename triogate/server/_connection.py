@@ -13,8 +13,16 @@ its deadline is ``body_read_timeout_s`` from the head's first byte (later bytes 
 extend it, so a client trickling a byte now and then, slowloris, is answered 408 at the
 bound); nothing bounds it while the application runs. Shutdown moves its deadline to now
 for an idle connection only.
-A body read is bounded by its own scope; when it expires the application sees
-``http.disconnect`` and the client gets 408.
+A body read is bounded by its own scope: a body may go ``body_read_timeout_s`` without
+a byte, and must be complete ``body_total_timeout_s`` after its head (a client trickling
+a byte now and then does not hold it longer); when either expires the application sees
+``http.disconnect`` and the client gets 408. A read that finds more bytes waiting is a
+schedule point, so a client sending as fast as loopback allows cannot starve the others.
+
+What is not a request (chunk sizes, chunk extensions, line ends) is bounded: a connection
+whose bytes exceed ``_FRAMING_FACTOR`` times its heads and bodies, plus
+``_FRAMING_SLACK``, is answered 400 (llhttp skips a chunk extension of any length
+without a callback: 3.5 GB of one was read for a body that never began).
 
 Writes: ``send()`` turns an ASGI message into bytes and writes them with one ``send``
 system call when the socket takes them (the common case); a response's head leaves with
@@ -59,12 +67,18 @@ _NONE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
 #: so that the kernel does not answer it with a reset that could destroy our last answer.
 _LINGER_S: Final = 1.0
 _LINGER_BYTES: Final = 1 << 20
+#: A connection's bytes may exceed its requests' heads and bodies this many times over,
+#: plus the slack (a read in progress, a head not yet complete); beyond, 400.
+_FRAMING_FACTOR: Final = 4
+_FRAMING_SLACK: Final = 64 * 1024
+#: What a head costs beyond ``head_size`` (request line, line ends), for that count.
+_HEAD_LINE_BYTES: Final = 32
 
 
 class _Message:
     """One request as the parser delivers it."""
 
-    __slots__ = ("body", "complete", "head_done", "head_size", "headers", "hosts",
+    __slots__ = ("body", "body_by", "complete", "head_done", "head_size", "headers", "hosts",
                  "keep_alive", "method", "target", "version")
 
     def __init__(self) -> None:
@@ -79,6 +93,8 @@ class _Message:
         self.keep_alive = True
         self.body: list[bytes] = []
         self.complete = False
+        #: When the whole body must be in (trio time; set when the head is complete).
+        self.body_by = math.inf
 
 
 class _BadTarget(Exception):
@@ -136,10 +152,14 @@ class Connection(Idle):
         self._continue = False
         self._watch: trio.CancelScope | None = None
         self._status_error = 0
+        self._status_reason: str | None = None
         self._status = 200
         self._headers: Any = ()
         #: Closing with part of a request unread: linger so that our answer is read.
         self._unread = False
+        #: Bytes received, and how many of them were heads and bodies (``_FRAMING_FACTOR``).
+        self._wire = 0
+        self._useful = 0
 
     # ------------------------------------------------------------------ parser callbacks
 
@@ -186,11 +206,20 @@ class Connection(Idle):
         assert message is not None
         parser = self._parser
         message.head_done = True
+        self._useful += message.head_size + _HEAD_LINE_BYTES
+        total = self.config.body_total_timeout_s
+        if total is not None:
+            message.body_by = trio.current_time() + total
         message.method = parser.get_method().decode("ascii")
         message.version = parser.get_http_version()
         message.keep_alive = parser.should_keep_alive() and message.version == "1.1"
         if message.head_size > self.config.max_head_bytes:
             self._refuse(message, 431)
+        elif message.version not in ("1.1", "1.0"):
+            # llhttp takes ``HTTP/2.0`` (and 0.9) in a request line: not a version this
+            # server speaks (RFC 9110 15.6.6). An HTTP/2 client must use hypercorn.
+            self._refuse(message, 505, f"HTTP/{message.version} is not served here: "
+                                       "HTTP/1.1 only")
         elif message.hosts > 1 or (message.hosts == 0 and message.version == "1.1"):
             # RFC 9112 3.2: an HTTP/1.1 request without ``host``, or any with two, is 400
             # (two could name different hosts to a front proxy and to us).
@@ -208,6 +237,7 @@ class Connection(Idle):
         message = self._parsing
         assert message is not None
         message.body.append(body)
+        self._useful += len(body)
 
     def on_message_complete(self) -> None:
         message = self._parsing
@@ -235,6 +265,15 @@ class Connection(Idle):
                 self._unread = True  # linger: what the client still sends must not reset it
                 return
             self._error = self._error or 400
+            return
+        self._wire += len(data)
+        if self._wire > _FRAMING_FACTOR * self._useful + _FRAMING_SLACK:
+            # Chunk extensions (or sizes, or blank chunks) out of all proportion to what
+            # they frame: refused, nothing after them read.
+            self._drop_partial()
+            self._ignore_rest = True
+            if not self._error:
+                self._error, self._reason = 400, "chunk framing out of proportion to the body"
             return
         message = self._parsing
         if message is not None and not message.head_done:
@@ -364,7 +403,7 @@ class Connection(Idle):
             return
         if self._error:
             await self._answer_error(self._error, self._reason)
-        if self._error in (400, 431, 501) or self._unread:
+        if self._error in (400, 431, 501, 505) or self._unread:
             await self._linger()
 
     async def _loop(self) -> None:
@@ -442,6 +481,7 @@ class Connection(Idle):
         self._delivered = False
         self._continue = False
         self._status_error = 0
+        self._status_reason = None
         self._head_only = message.method == "HEAD"
         try:
             scope = self._scope(message)
@@ -457,7 +497,7 @@ class Connection(Idle):
         else:
             state = self._state
             if state == _NONE and not self._broken:  # the app answered nothing
-                await self._answer_error(self._status_error or 500)
+                await self._answer_error(self._status_error or 500, self._status_reason)
                 self._keep = False
             elif state == _HEAD:  # a head without a body: send it, and end the connection
                 self._keep = False
@@ -504,7 +544,8 @@ class Connection(Idle):
                        for k, v in message.headers):
                     await self._write(_CONTINUE)
             timeout = self.config.body_read_timeout_s
-            with trio.move_on_after(timeout if timeout else math.inf) as scope:
+            deadline = trio.current_time() + timeout if timeout else math.inf
+            with trio.move_on_at(min(deadline, message.body_by)) as scope:
                 data = await self._recv()
             if scope.cancelled_caught:
                 return self._protocol_error(408)
@@ -512,6 +553,9 @@ class Connection(Idle):
                 self._eof = True
                 return _DISCONNECT
             self._feed(data)
+            # More bytes were waiting (or just came): let the other connections run before
+            # the next read, however fast this client sends.
+            await trio.lowlevel.checkpoint()
         # The body is in: wait for the client to leave, or for the response to end.
         with trio.CancelScope() as watch:
             self._watch = watch
@@ -533,6 +577,7 @@ class Connection(Idle):
         """The request cannot be read to its end: the app sees the client gone; the
         server answers ``status`` if the app answers nothing."""
         self._status_error = status
+        self._status_reason = self._reason if status == self._error else None
         if status == self._error:
             self._error, self._reason = 0, None  # answered after the app, not again at the end
         self._keep = False
