@@ -143,7 +143,8 @@ class GatewayASGI:
                     key = token.strip()
             elif name in (b"x-api-key", b"api-key") and key is None and value:
                 key = value
-        if not has_body or scope["path"].startswith(_OWN_AUTH):
+        if (not has_body or scope["path"].startswith(_OWN_AUTH)
+                or routes.refused_for_every_caller(scope["method"], scope["path"])):
             return _VOUCHED
         if key is None:
             return ApiError(401, "missing API key: send 'Authorization: Bearer <key>' or "

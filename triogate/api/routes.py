@@ -86,6 +86,17 @@ PATTERNS: tuple[tuple[str, str, str, Route], ...] = (
 )
 
 
+def refused_for_every_caller(method: str, path: str) -> bool:
+    """Whether ``path`` is a LiteLLM route triogate does not have: its 400 depends on no key,
+    so the head check lets it through without one."""
+    if (method, path) in unsupported.UNSUPPORTED:
+        return True
+    if any(m == method and path.startswith(prefix) for m, prefix, _ in unsupported.PREFIXES):
+        return True
+    return (method == "POST" and path.startswith(azure.PREFIX)
+            and path.endswith(tuple(suffix for suffix, _ in unsupported.AZURE_SUFFIXES)))
+
+
 def find(routes: dict[tuple[str, str], Route], method: str, path: str) -> Route | None:
     """The route of ``path``: an exact one, else the first pattern it fits."""
     route = routes.get((method, path))

@@ -330,7 +330,8 @@ class Store:
                             user_email=values.get("user_email"), created_at_ms=now)
 
         def run() -> UserRow:
-            ent.change_members(self._engine, team_id, add=[member], create_users=[values])
+            ent.change_members(self._engine, team_id, add=[member], create_users=[values],
+                               new_users_only=True)
             row: UserRow = ent.get_many(self._engine, ent.USERS, [member.user_id])[
                 member.user_id]
             return row

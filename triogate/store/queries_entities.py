@@ -157,16 +157,18 @@ def change_members(
     remove: Sequence[str] = (), roles: Mapping[str, str] | None = None,
     create_users: Sequence[Mapping[str, Any]] = (),
     limits: Mapping[str, Mapping[str, Any]] | None = None,
+    new_users_only: bool = False,
 ) -> None:
     """In one transaction: create missing users, add members, set roles and limits
     (``MEMBER_LIMITS`` columns per user id), remove members.
 
     An added member that already exists raises ``IntegrityError`` (nothing is written).
-    A user to create that exists by then (created meanwhile) is kept as it is.
+    A user to create that exists by then (created meanwhile) is kept as it is, unless
+    ``new_users_only``: then it raises ``IntegrityError`` too (``/user/new``'s id taken).
     """
     c = schema.team_members.c
     with engine.begin() as conn:
-        _add_members(conn, team_id, add, create_users)
+        _add_members(conn, team_id, add, create_users, keep_existing=not new_users_only)
         for user_id, role in (roles or {}).items():
             conn.execute(sa.update(schema.team_members)
                          .where(c.team_id == team_id, c.user_id == user_id)
@@ -194,12 +196,15 @@ def create_team(engine: Engine, values: Mapping[str, Any], *,
 
 
 def _add_members(conn: Connection, team_id: str, add: Sequence[TeamMember],
-                 create_users: Sequence[Mapping[str, Any]]) -> None:
+                 create_users: Sequence[Mapping[str, Any]], *,
+                 keep_existing: bool = True) -> None:
     """Create the users that do not exist yet (one created meanwhile by a concurrent
-    call is kept: no conflict), then add the members."""
+    call is kept, no conflict, if ``keep_existing``), then add the members."""
     if create_users:
         insert: Any = sa.insert
-        if conn.dialect.name == "postgresql":
+        if not keep_existing:
+            pass
+        elif conn.dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         elif conn.dialect.name == "sqlite":
             from sqlalchemy.dialects.sqlite import insert
