@@ -210,7 +210,7 @@ async def test_a_failing_budget_check_leaves_no_count_of_the_rate_limits(
 
 
 async def test_proxy_budget_model_budget_and_pre_call_guardrail_still_wait_once_each(
-    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream, server: str,
 ) -> None:
     guardrail = {"guardrail_name": "pii", "litellm_params": {
         "guardrail": "litellm_content_filter", "mode": "pre_call", "default_on": True,
@@ -222,7 +222,7 @@ async def test_proxy_budget_model_budget_and_pre_call_guardrail_still_wait_once_
         litellm_settings={"max_budget": 1000, "budget_duration": "30d"},
         guardrails=[guardrail])
     with trio.fail_after(60):
-        async with running_gateway(config) as gateway:
+        async with running_gateway(config, server=server) as gateway:
             store = gateway.services.store
             assert store is not None
             team = await store.create_team(team_alias="ml", max_budget_nanousd=100 * USD,
