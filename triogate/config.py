@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
+import urllib.parse
 from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
@@ -83,6 +85,11 @@ class LitellmParams:
     mock_failure_status: int = 500
     #: LiteLLM's per-deployment ``drop_params``: drop what this provider cannot take.
     drop_params: bool | None = None
+    #: An ``http://`` proxy for this deployment (else ``triogate.http.proxy``, else the
+    #: environment's ``HTTPS_PROXY``/``HTTP_PROXY`` outside ``NO_PROXY``).
+    proxy: str | None = attrs.field(default=None, repr=False)
+    #: TLS verification: true, false, or a CA bundle's path (else ``triogate.http``'s).
+    ssl_verify: bool | str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -252,6 +259,17 @@ class HttpSettings:
     cors_max_age_s: int = attrs.field(default=600, validator=_non_negative)
     body_read_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     max_connections: int | None = attrs.field(default=None, validator=_optional(_positive))
+    #: An upstream's whole (not streamed) answer, error bodies included, is refused past
+    #: this many bytes: the client gets 502, the upstream connection is dropped.
+    max_upstream_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
+    #: One event of an upstream stream is refused past this many bytes (the stream ends
+    #: with an error event, as on any upstream failure).
+    max_upstream_event_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
+    #: The proxy of every deployment that names none (``http://[user:pass@]host:port``).
+    proxy: str | None = attrs.field(default=None, repr=False)
+    #: TLS verification of every deployment that says nothing: true (``SSL_CERT_FILE``'s
+    #: bundle, else certifi's), false, or a CA bundle's path.
+    ssl_verify: bool | str = True
 
 
 @attrs.frozen(kw_only=True)
@@ -396,6 +414,10 @@ class Deployment:
     drop_params: bool = False
     #: Whether the config gave a price (else a wildcard's model is priced from the table).
     priced: bool = True
+    #: The proxy to reach it through (None: the environment's, if any).
+    proxy: str | None = attrs.field(default=None, repr=False)
+    #: TLS verification: True, False, or a CA bundle's path.
+    ssl_verify: bool | str = True
 
     @property
     def wildcard(self) -> bool:
@@ -509,7 +531,16 @@ def _alias_target(value: Any, _: Any) -> str | dict[str, Any]:
     raise ValueError(f"expected a model group or a mapping, got {value!r}")
 
 
+def _verify(value: Any, _: Any) -> bool | str | None:
+    """``ssl_verify``: true, false, or a CA bundle's path."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    raise ValueError(f"expected true, false or a CA bundle's path, got {value!r}")
+
+
 _converter.register_structure_hook(int | str | None, _scalar)
+_converter.register_structure_hook(bool | str | None, _verify)
+_converter.register_structure_hook(bool | str, _verify)
 _converter.register_structure_hook(list[str] | str, _names)
 _converter.register_structure_hook(str | dict[str, Any], _alias_target)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -573,10 +604,25 @@ def _decimal(value: float | str | None, path: str) -> Decimal:
     return result
 
 
+def _egress(path: str, proxy: str | None, ssl_verify: bool | str) -> None:
+    """Check a ``proxy`` and ``ssl_verify`` pair at load time."""
+    if proxy is not None:
+        parts = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ConfigError(f"{path}.proxy: must be an http://host:port URL")
+    if isinstance(ssl_verify, str) and not os.path.isfile(ssl_verify):
+        raise ConfigError(f"{path}.ssl_verify: {ssl_verify!r} is not a CA bundle file "
+                          "(give true, false, or a PEM file's path)")
+
+
 def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
-                drop_params: bool = False) -> Deployment:
+                drop_params: bool = False, http: HttpSettings | None = None) -> Deployment:
     params = entry.litellm_params
     path = f"$.model_list[{i}].litellm_params"
+    http = http or HttpSettings()
+    proxy = params.proxy if params.proxy is not None else http.proxy
+    ssl_verify = params.ssl_verify if params.ssl_verify is not None else http.ssl_verify
+    _egress(path, params.proxy, ssl_verify if params.ssl_verify is not None else True)
     provider, sep, upstream = config_litellm.provider_of(params.model).partition("/")
     if not sep or provider not in PROVIDERS or not upstream:
         raise ConfigError(
@@ -640,6 +686,8 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         drop_params=drop_params if params.drop_params is None else params.drop_params,
         priced=params.input_cost_per_token is not None
         or params.output_cost_per_token is not None,
+        proxy=proxy,
+        ssl_verify=ssl_verify,
     )
 
 
@@ -661,8 +709,10 @@ def normalise(file: ConfigFile, *, source: str) -> GatewayConfig:
         )
     ls = file.litellm_settings
     default_timeout_s = rs.timeout or ls.request_timeout or DEFAULT_TIMEOUT_S
+    http = file.triogate.http
+    _egress("$.triogate.http", http.proxy, http.ssl_verify)
     deployments = tuple(
-        _deployment(i, e, default_timeout_s, ls.drop_params)
+        _deployment(i, e, default_timeout_s, ls.drop_params, http)
         for i, e in enumerate(file.model_list)
     )
     seen: set[str] = set()
