@@ -219,8 +219,7 @@ async def test_streams_through_a_trickling_upstream_keep_memory_flat(
                 pass
 
     with trio.fail_after(30):
-        async with Measured() as usage:
-            async with trio.open_nursery() as nursery:
-                for _ in range(20):
-                    nursery.start_soon(one)
+        async with Measured() as usage, trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(one)
     assert usage.growth < 64 * 1024 * 1024, usage
