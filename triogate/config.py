@@ -270,6 +270,11 @@ class HttpSettings:
     #: TLS verification of every deployment that says nothing: true (``SSL_CERT_FILE``'s
     #: bundle, else certifi's), false, or a CA bundle's path.
     ssl_verify: bool | str = True
+    #: A non-streamed request whose client closes its connection before the answer
+    #: (its end of file: it left, or only half-closed) cancels its upstream call and is
+    #: settled as cancelled at once. False: the call runs on and a half-closed client
+    #: still gets its answer.
+    cancel_when_client_leaves: bool = True
 
 
 @attrs.frozen(kw_only=True)

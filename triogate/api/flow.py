@@ -160,8 +160,10 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
                                        deployment)
 
     with admission.keep_leases(services, admitted):
-        result = await _unless_gone(services, call, admitted,
-                                    _route(services, call, admitted, attempt))
+        routed = _route(services, call, admitted, attempt)
+        result = await (_unless_gone(services, call, admitted, routed)
+                        if services.config.settings.http.cancel_when_client_leaves
+                        else routed)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
     headers = response_headers(services, call, admitted, deployment=result.deployment,
@@ -177,6 +179,7 @@ async def _unless_gone(services: Services, call: Call, admitted: Admission,
     the request settled as cancelled (reservations and the parallel slot given back at
     once, not after the upstream's answer) and :class:`ClientGone` raised."""
     done: list[T] = []
+    error: Exception | None = None
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
@@ -187,8 +190,12 @@ async def _unless_gone(services: Services, call: Call, admitted: Admission,
         nursery.start_soon(watch)
         try:
             done.append(await work)
+        except Exception as exc:  # raised as it is, not in the nursery's group
+            error = exc
         finally:
             nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
     if not done:
         if not admitted.settled:
             settlement.settle(services, call, admitted, outcome=settlement.cancelled())
