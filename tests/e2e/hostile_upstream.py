@@ -96,12 +96,12 @@ def chat_completion(content: str = "hi", completion_tokens: int = 1) -> bytes:
                   "total_tokens": 3 + completion_tokens}})
 
 
-def chat_chunk(text: str) -> bytes:
+def chat_chunk(text: str, finish_reason: str | None = None) -> bytes:
     """One chat stream event (``data: ...`` and a blank line)."""
     return b"data: " + orjson.dumps({
         "id": "chatcmpl-h", "object": "chat.completion.chunk", "created": 1700000000,
         "model": "gpt-up", "choices": [{"index": 0, "delta": {"content": text},
-                                        "finish_reason": None}]}) + b"\n\n"
+                                        "finish_reason": finish_reason}]}) + b"\n\n"
 
 
 def chunked(piece: bytes) -> bytes:
