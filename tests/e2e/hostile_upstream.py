@@ -8,6 +8,7 @@ runs (the gateway runs in the test's process), and its CPU time.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import ssl
 import time
@@ -19,7 +20,7 @@ import orjson
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
 PAGE_SIZE = 4096
 
@@ -146,22 +147,16 @@ async def sample_rss(usage: Usage, *, task_status: trio.TaskStatus[None]) -> Non
         await trio.sleep(0.02)
 
 
-class Measured:
-    """``async with Measured() as usage:`` samples RSS and counts CPU time in the block."""
-
-    def __init__(self) -> None:
-        self.usage = Usage()
-        self._nursery_cm = trio.open_nursery()
-        self._cpu0 = 0.0
-
-    async def __aenter__(self) -> Usage:
-        self._nursery = await self._nursery_cm.__aenter__()
-        await self._nursery.start(sample_rss, self.usage)
-        self._cpu0 = time.process_time()
-        return self.usage
-
-    async def __aexit__(self, *exc: object) -> bool | None:
-        self.usage.cpu_s = time.process_time() - self._cpu0
-        self.usage.peak_rss = max(self.usage.peak_rss, await rss_bytes())
-        self._nursery.cancel_scope.cancel()
-        return await self._nursery_cm.__aexit__(*exc)  # type: ignore[arg-type]
+@contextlib.asynccontextmanager
+async def measured() -> AsyncIterator[Usage]:
+    """``async with measured() as usage:`` samples RSS and counts CPU time in the block."""
+    usage = Usage()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sample_rss, usage)
+        cpu0 = time.process_time()
+        try:
+            yield usage
+        finally:
+            usage.cpu_s = time.process_time() - cpu0
+            nursery.cancel_scope.cancel()
+    usage.peak_rss = max(usage.peak_rss, await rss_bytes())

@@ -23,9 +23,9 @@ from tests.e2e.conftest import (
 from tests.e2e.hostile_upstream import (
     STREAM_HEAD,
     Hostile,
-    Measured,
     chat_chunk,
     chunked,
+    measured,
     serve_hostile,
 )
 
@@ -219,7 +219,37 @@ async def test_streams_through_a_trickling_upstream_keep_memory_flat(
                 pass
 
     with trio.fail_after(30):
-        async with Measured() as usage, trio.open_nursery() as nursery:
+        async with measured() as usage, trio.open_nursery() as nursery:
             for _ in range(20):
                 nursery.start_soon(one)
     assert usage.growth < 64 * 1024 * 1024, usage
+
+
+async def test_failed_streams_leave_no_memory_behind(gateway: Gateway, hostile: Hostile) -> None:
+    """Ninety streams, six at a time, each failed by a line past the event bound (4 MiB
+    by default): the bytes held go with each failure. (An error kept in a reference
+    cycle with its stream kept 4 MiB per failed stream until a full collection: some
+    hundreds of MiB here.)"""
+    piece = chunked(b"x" * 65536)
+
+    async def answer(stream: trio.abc.Stream) -> None:
+        await stream.send_all(STREAM_HEAD)
+        for _ in range(16 * 1024 * 1024 // 65536):
+            await stream.send_all(piece)
+
+    hostile.script = answer
+
+    async def streams() -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for _ in range(15):
+                reply = await http.post(
+                    f"{gateway.openai_base}/chat/completions", headers=MASTER_HEADERS,
+                    json={"model": "gpt-test", "max_tokens": 5, "stream": True,
+                          "messages": [{"role": "user", "content": "hi"}]})
+                assert reply.status_code == 502
+
+    with trio.fail_after(60):
+        async with measured() as usage, trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(streams)
+    assert usage.growth < 100 * 1024 * 1024, usage

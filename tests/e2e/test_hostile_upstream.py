@@ -21,11 +21,11 @@ from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway, spen
 from tests.e2e.hostile_upstream import (
     STREAM_HEAD,
     Hostile,
-    Measured,
     chat_chunk,
     chat_completion,
     chunked,
     json_head,
+    measured,
     serve_hostile,
 )
 
@@ -121,7 +121,7 @@ async def test_an_endless_chunked_answer_keeps_memory_bounded(
 
     hostile.script = answer
     with trio.fail_after(30):
-        async with Measured() as usage:
+        async with measured() as usage:
             await chat_502(gateway)
     assert usage.growth < 64 * MiB, usage
     assert hostile.dropped == 1
@@ -143,7 +143,7 @@ async def test_an_error_body_past_the_bound_is_a_502(
 
     hostile.script = answer
     with trio.fail_after(30):
-        async with Measured() as usage:
+        async with measured() as usage:
             if api == "chat":
                 with pytest.raises(openai.APIStatusError) as caught:
                     await openai_client(gateway).chat.completions.create(
@@ -205,7 +205,7 @@ async def test_a_gzip_bomb_costs_nothing(gateway: Gateway, hostile: Hostile) -> 
 
     hostile.script = answer
     with trio.fail_after(30):
-        async with Measured() as usage:
+        async with measured() as usage:
             with pytest.raises(openai.APIStatusError):
                 await openai_client(gateway).chat.completions.create(
                     model="gpt-test", max_tokens=5, stream=True,
@@ -234,7 +234,7 @@ async def test_a_stream_line_without_end_costs_linear_cpu_and_is_bounded(
 
     hostile.script = answer
     with trio.fail_after(60):
-        async with Measured() as usage:
+        async with measured() as usage:
             stream = await openai_client(gateway).chat.completions.create(
                 model="gpt-test", max_tokens=5, stream=True,
                 messages=[{"role": "user", "content": "hi"}])

@@ -173,7 +173,8 @@ class RawStream:
                     self._take(data)
                 else:
                     self._end()
-            except ProviderError as exc:  # an event past the bound
+            except ProviderError as exc:  # an event past the bound (the SSE decoder's)
+                exc.__traceback__ = None  # its frames hold the bytes: let them go now
                 self._fail(exc)
         return self._next()
 
@@ -246,13 +247,13 @@ class RawStream:
             self._hold(buf[start:])
 
     def _hold(self, data: bytes) -> None:
-        """Keep ``data`` for the event it begins or continues; refuse the event past the
-        bound."""
+        """Keep ``data`` for the event it begins or continues; past the bound, the stream
+        fails (queued, not raised: no traceback keeps the bytes alive)."""
         self._parts.append(data)
         self._held += len(data)
         if self._held > self._max:
-            raise ProviderProtocolError(
-                f"upstream stream event larger than {self._max} bytes")
+            self._fail(ProviderProtocolError(
+                f"upstream stream event larger than {self._max} bytes"))
 
     def _take_chat(self, buf: bytes, size: int) -> int:
         """``_take``'s loop for chat's framing; where the unread bytes start.
@@ -351,6 +352,13 @@ class RawStream:
     def _fail(self, error: ProviderError) -> None:
         self._pending.append(error)
         self._ended = self._finished = True
+        # Nothing more is parsed: the bytes held go now, not when the last reference to
+        # the stream does (an error's traceback can keep it in a cycle until a full
+        # garbage collection).
+        self._parts.clear()
+        self._held = 0
+        self._decoder = None
+        self._general = SSEDecoder(self._max)
 
 
 def _text(data: bytes | str) -> str:

@@ -123,6 +123,8 @@ class SSEDecoder:
         """Refuse an event that grew past the bound (its data lines and ``pending``
         bytes of a line not yet taken)."""
         if self._held + pending > self._max:
+            self._buffer.clear()  # the bytes go now, whatever keeps the decoder
+            self._data, self._held = [], 0
             raise ProviderProtocolError(
                 f"upstream stream event larger than {self._max} bytes")
 

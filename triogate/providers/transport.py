@@ -362,6 +362,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 conn.idle_since = trio.current_time()
                 stack.append(conn)
                 return
+        conn.buffer.clear()  # in place: a reader's frame may still refer to it
         await conn.close()
 
     async def post(
@@ -479,8 +480,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                                     keep_alive=keep_alive, read_timeout=None,
                                     limit=self.max_body_bytes)
                 handed = True
+                chunks: list[bytes] = []
                 try:
-                    chunks = [chunk async for chunk in body]
+                    async for chunk in body:
+                        chunks.append(chunk)
+                except BaseException:
+                    chunks.clear()  # an error's frames must not keep the body alive
+                    raise
                 finally:
                     await body.aclose()
                 return status, b"".join(chunks)
