@@ -131,16 +131,18 @@ async def post_json(
                 url, headers={"content-type": "application/json", **headers},
                 content=orjson.dumps(body), timeout_s=timeout_s, egress=egress,
             )
-    else:
+    else:  # another transport (a test's): its decoded body is bounded all the same
         with map_exceptions(), trio.fail_after(timeout_s):
-            response = await client.post(
-                url,
-                content=orjson.dumps(body),
+            request = client.build_request(
+                "POST", url, content=orjson.dumps(body),
                 headers={"content-type": "application/json", **headers},
-                timeout=request_timeout(timeout_s),
-                extensions={"triogate_egress": egress},
-            )
-            status, content = response.status_code, response.content
+                timeout=request_timeout(timeout_s), extensions={"triogate_egress": egress})
+            response = await client.send(request, stream=True)
+            try:
+                status = response.status_code
+                content = await read_bounded(response, DEFAULT_MAX_BODY_BYTES)
+            finally:
+                await response.aclose()
     if status >= 400:
         raise upstream_status_error(status, content, headers)
     return parse_json_object(content)

@@ -81,3 +81,24 @@ async def test_a_raw_stream_event_in_many_pieces_is_whole() -> None:
     got = [e async for e in stream]
     assert time.process_time() - started < 1
     assert got[0]["choices"][0]["delta"]["content"] == content
+
+
+async def test_a_decoded_body_of_another_transport_is_bounded() -> None:
+    """A client on another transport (httpx decodes its gzip): the decoded body is
+    bounded by the default body bound all the same, read a piece at a time."""
+    import gzip
+
+    import httpx
+
+    from triogate.providers.http import post_json
+    from triogate.providers.http1 import DEFAULT_MAX_BODY_BYTES
+
+    bomb = gzip.compress(b" " * (DEFAULT_MAX_BODY_BYTES + MiB), 9)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=bomb, headers={"content-encoding": "gzip"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ProviderProtocolError, match="larger than"):
+            await post_json(client, "http://upstream.test/v1/chat/completions", headers={},
+                            body={"model": "m"}, timeout_s=10)
