@@ -36,7 +36,7 @@ MAX_CONNECT_HEAD_BYTES = 16 * 1024
 
 
 @final
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a key of the pools, hashed per request
 class Egress:
     """A deployment's way out: ``proxy`` (None: the environment's, if any) and
     ``ssl_verify`` (True, False, or a CA bundle's path)."""

@@ -54,6 +54,7 @@ class BodyTooLarge(UpstreamFramingError):
 
 
 def too_large(limit: int, request: httpx.Request | None) -> BodyTooLarge:
+    """The error of a body past ``limit`` bytes."""
     return BodyTooLarge(f"upstream body larger than {limit} bytes", request=request)
 
 
@@ -422,7 +423,7 @@ class UpstreamBody(httpx.AsyncByteStream):
             if end >= 0:
                 size = chunk_size(buf, end)
                 if size is None:
-                    raise httpx.RemoteProtocolError(
+                    raise UpstreamFramingError(
                         f"bad chunk size {bytes(buf[:end])[:40]!r}", request=self._request
                     )
                 if size == 0:
