@@ -290,6 +290,7 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         bound = calls.stream_output_bound(services, call.api, call.body)
         cutoff = bound + bound // 4 + 16
         cut = False
+        unchecked = 1  # writes until the output is counted again
         receive = opened.events.__anext__
         pacer = services.pacer
         pacer.opened()
@@ -314,10 +315,16 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                         event = next_nowait()
                         wire = stream.wire
                     if burst:
-                        await write(b"".join(burst))
-                        if stream.usage.output_tokens > cutoff:
-                            cut = True
-                            break
+                        data = b"".join(burst)
+                        await write(data)
+                        # The count is read every 8th write (a usage record each time
+                        # costs ~1 us), and after any large one.
+                        unchecked -= 1
+                        if unchecked <= 0 or len(data) > 8192:
+                            unchecked = 8
+                            if stream.usage.output_tokens > cutoff:
+                                cut = True
+                                break
                         if pacer.behind:  # the next read carries a window's events
                             await pacer.hold()
                     try:
