@@ -43,7 +43,7 @@ def whole_chunks(data: bytes) -> tuple[bytes, int]:
     One pass over the read's bytes, no buffer round trip. A read of exactly one chunk (a
     worker that keeps up) costs what the single-chunk check it replaces did; one of
     several (a worker that is behind) 0.75 µs per chunk against 1.1 for the bytearray and
-    :func:`buffered_chunk` per chunk (timeit, ``bench/results/w9-stream.md``)."""
+    :func:`buffered_chunk` per chunk (timeit)."""
     end = data.find(b"\r\n")
     line = data[:end]
     if end <= 0 or end > _MAX_DIGITS or line.translate(None, _HEX_DIGITS):
