@@ -46,12 +46,15 @@ class Watched:
         closed: the thing is gone, or its wait fired: the watchdog forgets it.
     """
 
-    __slots__ = ("closed", "since", "timeout_s")
+    __slots__ = ("closed", "deadline", "since", "timeout_s")
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, deadline: float = INF) -> None:
         self.timeout_s = timeout_s
         self.since = INF
         self.closed = False
+        #: Trio time at which a wait fires even if it began less than ``timeout_s`` ago
+        #: (a total bound on the thing's life; ``inf``: none).
+        self.deadline = deadline
 
 
 W = TypeVar("W", bound=Watched)
@@ -88,10 +91,12 @@ class Watchdog(Generic[W]):
                 self._dropped(watched)
                 continue
             since = watched.since
+            deadline = watched.deadline
             if since == INF:
-                self._push(self._next_look(watched, now), watched)
-            elif since + watched.timeout_s > now:
-                self._push(since + watched.timeout_s, watched)
+                look = self._next_look(watched, now)
+                self._push(deadline if now < deadline < look else look, watched)
+            elif (due := min(since + watched.timeout_s, deadline)) > now:
+                self._push(due, watched)
             else:
                 watched.closed = True
                 self._fire(watched)

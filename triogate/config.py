@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
+import urllib.parse
 from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
@@ -132,6 +134,11 @@ class LitellmParams:
     #: Vertex AI: where the service account's JWT is exchanged for an access token
     #: (default: the credentials' ``token_uri``, else Google's).
     vertex_token_url: str | None = None
+    #: An ``http://`` proxy for this deployment (else ``triogate.http.proxy``, else the
+    #: environment's ``HTTPS_PROXY``/``HTTP_PROXY`` outside ``NO_PROXY``).
+    proxy: str | None = attrs.field(default=None, repr=False)
+    #: TLS verification: true, false, or a CA bundle's path (else ``triogate.http``'s).
+    ssl_verify: bool | str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -335,6 +342,23 @@ class HttpSettings:
     max_body_read_s: float = attrs.field(default=60.0, validator=_positive)
     max_unauthenticated_bodies: int = attrs.field(default=32, validator=_positive)
 
+    #: An upstream's whole (not streamed) answer, error bodies included, is refused past
+    #: this many bytes: the client gets 502, the upstream connection is dropped.
+    max_upstream_body_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
+    #: One event of an upstream stream is refused past this many bytes (the stream ends
+    #: with an error event, as on any upstream failure).
+    max_upstream_event_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
+    #: The proxy of every deployment that names none (``http://[user:pass@]host:port``).
+    proxy: str | None = attrs.field(default=None, repr=False)
+    #: TLS verification of every deployment that says nothing: true (``SSL_CERT_FILE``'s
+    #: bundle, else certifi's), false, or a CA bundle's path.
+    ssl_verify: bool | str = True
+    #: A non-streamed request whose client closes its connection before the answer
+    #: (its end of file: it left, or only half-closed) cancels its upstream call and is
+    #: settled as cancelled at once. False: the call runs on and a half-closed client
+    #: still gets its answer.
+    cancel_when_client_leaves: bool = True
+
 
 @attrs.frozen(kw_only=True)
 class KeyRotationSettings:
@@ -520,6 +544,10 @@ class Deployment:
     azure: AzureSettings | None = None
     #: Credentials and placement of a bedrock/, gemini/ or vertex_ai/ deployment.
     cloud: config_cloud.CloudParams | None = None
+    #: The proxy to reach it through (None: the environment's, if any).
+    proxy: str | None = attrs.field(default=None, repr=False)
+    #: TLS verification: True, False, or a CA bundle's path.
+    ssl_verify: bool | str = True
 
     @property
     def wildcard(self) -> bool:
@@ -637,7 +665,16 @@ def _alias_target(value: Any, _: Any) -> str | dict[str, Any]:
     raise ValueError(f"expected a model group or a mapping, got {value!r}")
 
 
+def _verify(value: Any, _: Any) -> bool | str | None:
+    """``ssl_verify``: true, false, or a CA bundle's path."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    raise ValueError(f"expected true, false or a CA bundle's path, got {value!r}")
+
+
 _converter.register_structure_hook(int | str | None, _scalar)
+_converter.register_structure_hook(bool | str | None, _verify)
+_converter.register_structure_hook(bool | str, _verify)
 _converter.register_structure_hook(list[str] | str, _names)
 _converter.register_structure_hook(str | dict[str, Any], _alias_target)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -701,11 +738,26 @@ def _decimal(value: float | str | None, path: str) -> Decimal:
     return result
 
 
+def _egress(path: str, proxy: str | None, ssl_verify: bool | str) -> None:
+    """Check a ``proxy`` and ``ssl_verify`` pair at load time."""
+    if proxy is not None:
+        parts = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ConfigError(f"{path}.proxy: must be an http://host:port URL")
+    if isinstance(ssl_verify, str) and not os.path.isfile(ssl_verify):
+        raise ConfigError(f"{path}.ssl_verify: {ssl_verify!r} is not a CA bundle file "
+                          "(give true, false, or a PEM file's path)")
+
+
 def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
                 drop_params: bool = False, environ: Mapping[str, str] | None = None,
-                ) -> Deployment:
+                http: HttpSettings | None = None) -> Deployment:
     params = entry.litellm_params
     path = f"$.model_list[{i}].litellm_params"
+    http = http or HttpSettings()
+    proxy = params.proxy if params.proxy is not None else http.proxy
+    ssl_verify = params.ssl_verify if params.ssl_verify is not None else http.ssl_verify
+    _egress(path, params.proxy, ssl_verify if params.ssl_verify is not None else True)
     provider, sep, upstream = config_litellm.provider_of(params.model).partition("/")
     if not sep or provider not in PROVIDERS or not upstream:
         raise ConfigError(
@@ -803,6 +855,8 @@ def _deployment(i: int, entry: ModelEntry, default_timeout_s: float,
         priced=priced,
         azure=azure,
         cloud=cloud,
+        proxy=proxy,
+        ssl_verify=ssl_verify,
     )
 
 
@@ -858,8 +912,10 @@ def normalise(file: ConfigFile, *, source: str,
         )
     ls = file.litellm_settings
     default_timeout_s = rs.timeout or ls.request_timeout or DEFAULT_TIMEOUT_S
+    http = file.triogate.http
+    _egress("$.triogate.http", http.proxy, http.ssl_verify)
     deployments = tuple(
-        _deployment(i, e, default_timeout_s, ls.drop_params, environ)
+        _deployment(i, e, default_timeout_s, ls.drop_params, environ, http)
         for i, e in enumerate(file.model_list)
     )
     seen: set[str] = set()

@@ -90,7 +90,8 @@ async def test_the_gateway_closes_a_connection_as_soon_as_the_client_does(
     tmp_path: Path, redis_url: str, upstream: FakeUpstream
 ) -> None:
     with trio.fail_after(60):
-        async with running_gateway(config(tmp_path, redis_url, upstream)) as gw:
+        async with running_gateway(config(tmp_path, redis_url, upstream,
+                                          cancel_when_client_leaves=False)) as gw:
             # The client closes its side while its answer is on the way: the gateway answers,
             # then closes its side at once instead of keeping the socket for the 75 s
             # keep-alive (the race seen from outside: the close read before the

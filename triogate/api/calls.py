@@ -138,6 +138,26 @@ def output_estimate(services: Services, body: dict[str, Any], *names: str) -> in
     return per_choice * n
 
 
+#: The output names a request may bound itself by, per API.
+_OUTPUT_NAMES = {"chat": ("max_tokens", "max_completion_tokens"),
+                 "messages": ("max_tokens",), "responses": ("max_output_tokens",)}
+
+
+def stream_output_bound(services: Services, api: str, body: dict[str, Any]) -> int:
+    """Output tokens a stream may bring at most: the request's own bound (``max_tokens``
+    and the like, else ``default_max_output_tokens``, the one its reservation assumed;
+    not capped by ``max_reserved_output_tokens``), times ``n``."""
+    settings = services.config.settings.governance
+    requested = None
+    for name in _OUTPUT_NAMES.get(api, ()):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            requested = value if requested is None else max(requested, value)
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_CHOICES else 1
+    return (requested or settings.default_max_output_tokens) * choices
+
+
 def upstream_body(services: Services, group: str, body: dict[str, Any]) -> dict[str, Any]:
     """The body without gateway-only fields."""
     mock = any(d.provider == "mock" for d in services.groups[group])

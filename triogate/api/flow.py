@@ -34,11 +34,11 @@ import attrs
 import orjson
 import trio
 
-from triogate.api import admission, controls, guarding, settlement, sse
+from triogate.api import admission, calls, controls, guarding, settlement, sse
 from triogate.api.auth import group_providers
 from triogate.api.errors import ApiError, from_provider, from_rejection
 from triogate.api.gate import overloaded
-from triogate.api.http import Response, StreamResponse
+from triogate.api.http import ClientGone, Response, StreamResponse
 from triogate.cache.replay import assembler, replay
 from triogate.errors import ProviderError, TranslationError
 from triogate.routing.router import NoDeploymentAvailable
@@ -170,7 +170,10 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
                                        deployment)
 
     with admission.keep_leases(services, admitted):
-        result = await _guarded_route(services, call, admitted, attempt)
+        routed = _guarded_route(services, call, admitted, attempt)
+        result = await (_unless_gone(services, call, admitted, routed)
+                        if services.config.settings.http.cancel_when_client_leaves
+                        else routed)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
     if guarding.wanted(services, call, "post_call"):
@@ -212,6 +215,37 @@ def _refuse_answered(services: Services, call: Call, admitted: Admission,
         outcome, status="error", http_status=error.status, body=None))
     error.headers = {**response_headers(services, call, admitted), **error.headers}
     raise error
+
+
+async def _unless_gone(services: Services, call: Call, admitted: Admission,
+                       work: Awaitable[T]) -> T:
+    """``work``'s result, unless the client leaves first (``http.disconnect`` once its
+    body is in): then ``work`` (the upstream call) is cancelled, its connection dropped,
+    the request settled as cancelled (reservations and the parallel slot given back at
+    once, not after the upstream's answer) and :class:`ClientGone` raised."""
+    done: list[T] = []
+    error: Exception | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            while (await call.request.receive())["type"] != "http.disconnect":
+                pass
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        try:
+            done.append(await work)
+        except Exception as exc:  # raised as it is, not in the nursery's group
+            error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    if not done:
+        if not admitted.settled:
+            settlement.settle(services, call, admitted, outcome=settlement.cancelled())
+        raise ClientGone()
+    return done[0]
 
 
 class SettledAfter(Response):
@@ -319,6 +353,12 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
         finished = False
         # Per event: no _forward call, no anext() wrapper (a coroutine layer per wait).
         usage_filtered = call.api == "chat" and not call.include_usage
+        # The output this request allows: past it (a quarter more, for the count's
+        # error until the upstream reports) the stream is a runaway and is ended.
+        bound = calls.stream_output_bound(services, call.api, call.body)
+        cutoff = bound + bound // 4 + 16
+        cut = False
+        unchecked = 1  # writes until the output is counted again
         receive = opened.events.__anext__
         pacer = services.pacer
         pacer.opened()
@@ -343,7 +383,16 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                         event = next_nowait()
                         wire = stream.wire
                     if burst:
-                        await write(b"".join(burst))
+                        data = b"".join(burst)
+                        await write(data)
+                        # The count is read every 8th write (a usage record each time
+                        # costs ~1 us), and after any large one.
+                        unchecked -= 1
+                        if unchecked <= 0 or len(data) > 8192:
+                            unchecked = 8
+                            if stream.usage.output_tokens > cutoff:
+                                cut = True
+                                break
                         if pacer.behind:  # the next read carries a window's events
                             await pacer.hold()
                     try:
@@ -351,8 +400,14 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
                     except StopAsyncIteration:
                         event = None
                     wire = stream.wire
-            await write(sse.end(call.api))
-            finished = True
+            if cut:
+                await write(sse.error(call.api, ApiError(
+                    502, f"the upstream model sent more than the {bound} output tokens "
+                    "this request allows; the stream was stopped", "api_error",
+                    code="upstream_output_bound")))
+            else:
+                await write(sse.end(call.api))
+                finished = True
         except ProviderError as exc:
             error = exc
             await write(sse.error(call.api, from_provider(exc)))
@@ -361,11 +416,14 @@ async def _stream(services: Services, call: Call, admitted: Admission) -> Respon
             with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await opened.stack.aclose()
             usage = opened.stream.usage
+            if cut:  # billed as far as the request allowed, no further
+                usage = attrs.evolve(usage, output_tokens=min(usage.output_tokens, bound))
             body, events = (_outcome_events(assembly, naming or []) if finished
                             else (None, None))
             outcome = settlement.succeeded(
                 result, usage, body=body, events=events,
-                status="success" if finished else ("error" if error else "cancelled"),
+                status="success" if finished else (
+                    "error" if error or cut else "cancelled"),
             )
             settlement.settle(services, call, admitted, outcome=outcome)
 

@@ -7,6 +7,7 @@ creates them with one pooled httpx client per provider kind, for the app nursery
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING
 
 import httpx
@@ -15,7 +16,9 @@ from triogate.config import OPENAI_COMPATIBLE
 from triogate.providers.anthropic import AnthropicProvider
 from triogate.providers.azure import AzureProvider
 from triogate.providers.bedrock import BedrockProvider
+from triogate.providers.egress import EnvironmentProxies
 from triogate.providers.gemini import GeminiProvider
+from triogate.providers.http1 import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_EVENT_BYTES
 from triogate.providers.mock import MockProvider
 from triogate.providers.openai import OpenAIProvider
 from triogate.providers.transport import CONNECT_TIMEOUT_S, UpstreamTransport, register
@@ -32,12 +35,18 @@ KEEPALIVE_EXPIRY_S = 30.0
 DEFAULT_TIMEOUT_S = 600.0
 
 
-def new_upstream_client(*, max_connections: int) -> httpx.AsyncClient:
+def new_upstream_client(
+    *, max_connections: int, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    environment: EnvironmentProxies | None = None, cert_file: str | None = None,
+) -> httpx.AsyncClient:
     """An httpx client fit for LLM upstreams.
 
     httpx's defaults (5 s timeout, 20 keep-alive connections) suit web APIs, not long
-    generations under bursts. HTTP/1.1 only; environment proxies are ignored (trust_env
-    off) so that configuration lives in one place. The transport under it is
+    generations under bursts. HTTP/1.1 only; no content coding is asked for (a coded
+    answer is refused, not inflated). Proxies and TLS trust come from ``environment``
+    and ``cert_file`` (read by the caller, once) and each request's egress, not from
+    httpx's ``trust_env``. The transport under it is
     :class:`~triogate.providers.transport.UpstreamTransport` (an O(1) pool), not
     httpcore's, whose per-request pool scan grew with concurrency (docs/benchmarks.md).
     """
@@ -48,9 +57,14 @@ def new_upstream_client(*, max_connections: int) -> httpx.AsyncClient:
         # ~2 % of the worker went to connecting). Idle ones expire after 30 s.
         max_keepalive_connections=max_connections,
         keepalive_expiry_s=KEEPALIVE_EXPIRY_S,
+        max_body_bytes=max_body_bytes,
+        max_event_bytes=max_event_bytes,
+        environment=environment,
+        cert_file=cert_file,
     )
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+        headers={"accept-encoding": "identity"},
         transport=transport,
         follow_redirects=False,
         trust_env=False,
@@ -66,17 +80,26 @@ async def build_providers(
     OpenAI-compatible names, "gemini", "vertex_ai", "bedrock"); clients closed on exit.
 
     Args:
-        config: the gateway configuration (read for nothing yet but kept so that
-            per-kind settings can come from it without changing callers).
+        config: the gateway configuration (``triogate.http``'s upstream bounds).
         max_connections: per client (per provider kind).
+
+    The environment's proxies (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``) and
+    ``SSL_CERT_FILE`` are read here, once.
     """
-    del config
+    http = config.settings.http
+    options = {
+        "max_connections": max_connections,
+        "max_body_bytes": http.max_upstream_body_bytes,
+        "max_event_bytes": http.max_upstream_event_bytes,
+        "environment": EnvironmentProxies(os.environ),
+        "cert_file": os.environ.get("SSL_CERT_FILE") or None,
+    }
     async with (
-        new_upstream_client(max_connections=max_connections) as openai_client,
-        new_upstream_client(max_connections=max_connections) as anthropic_client,
-        new_upstream_client(max_connections=max_connections) as azure_client,
-        new_upstream_client(max_connections=max_connections) as google_client,
-        new_upstream_client(max_connections=max_connections) as bedrock_client,
+        new_upstream_client(**options) as openai_client,  # type: ignore[arg-type]
+        new_upstream_client(**options) as anthropic_client,  # type: ignore[arg-type]
+        new_upstream_client(**options) as azure_client,  # type: ignore[arg-type]
+        new_upstream_client(**options) as google_client,  # type: ignore[arg-type]
+        new_upstream_client(**options) as bedrock_client,  # type: ignore[arg-type]
     ):
         openai = OpenAIProvider(openai_client)
         providers: dict[str, Provider] = {

@@ -26,7 +26,13 @@ from triogate.errors import ProviderProtocolError
 from triogate.providers import bridge
 from triogate.providers.bedrock_eventstream import EventStreamDecoder
 from triogate.providers.cloud_errors import cloud_errors
-from triogate.providers.http import SHAPE_ERRORS, map_exceptions, open_sse_response, post_json
+from triogate.providers.http import (
+    SHAPE_ERRORS,
+    egress_of,
+    map_exceptions,
+    open_sse_response,
+    post_json,
+)
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sigv4 import AwsCredentials, sign
 from triogate.providers.streaming import check_streamable
@@ -156,7 +162,7 @@ class BedrockProvider:
         headers = self._signed(deployment, url, orjson.dumps(request))
         with cloud_errors():
             return await post_json(self._client, url, headers=headers, body=request,
-                                   timeout_s=deployment.timeout_s)
+                                   timeout_s=deployment.timeout_s, egress=egress_of(deployment))
 
     async def complete(
         self, api: Api, body: Mapping[str, Any], deployment: Deployment
@@ -201,7 +207,8 @@ class BedrockProvider:
             with cloud_errors():
                 response = await stack.enter_async_context(open_sse_response(
                     self._client, url, headers=headers, body=request,
-                    timeout_s=deployment.stream_timeout_s))
+                    timeout_s=deployment.stream_timeout_s,
+                    egress=egress_of(deployment)))
             ident = hashlib.sha256(raw + str(created_s).encode()).hexdigest()[:24]
             to_chat = ConverseToChat(created_s=created_s, model=_model_id(deployment),
                                      ident=ident)

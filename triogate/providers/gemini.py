@@ -20,7 +20,7 @@ from triogate.errors import ProviderProtocolError
 from triogate.providers import bridge, vertex_claude
 from triogate.providers.cloud_errors import cloud_errors
 from triogate.providers.google_auth import GoogleTokens
-from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json
+from triogate.providers.http import SHAPE_ERRORS, egress_of, open_sse_response, post_json
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sse_data import DataLineSource
 from triogate.providers.streaming import check_streamable
@@ -118,7 +118,7 @@ class GeminiProvider:
             response = await post_json(
                 self._client, self._url(deployment, "generateContent"),
                 headers=await self._headers(deployment), body=request,
-                timeout_s=deployment.timeout_s)
+                timeout_s=deployment.timeout_s, egress=egress_of(deployment))
         try:
             usage = gemini_usage(response.get("usageMetadata"))
             chat = gemini_to_chat_response(
@@ -164,7 +164,8 @@ class GeminiProvider:
             with cloud_errors():
                 response = await stack.enter_async_context(open_sse_response(
                     self._client, url, headers=await self._headers(deployment), body=request,
-                    timeout_s=deployment.stream_timeout_s))
+                    timeout_s=deployment.stream_timeout_s,
+                    egress=egress_of(deployment)))
             to_chat = GeminiToChat(created_s=created_s, model=deployment.upstream_model)
             source = bridge.ChatEventSource(DataLineSource(response), to_chat)
             yield bridge.chat_stream(api, source, request=body, created_s=created_s)
@@ -180,7 +181,8 @@ class GeminiProvider:
             with cloud_errors():
                 response = await post_json(self._client, self._url(deployment, "predict"),
                                            headers=headers, body=request,
-                                           timeout_s=deployment.timeout_s)
+                                           timeout_s=deployment.timeout_s,
+                                           egress=egress_of(deployment))
             try:
                 found = [p["embeddings"] for p in response["predictions"]]
                 vectors = [list(e["values"]) for e in found]
@@ -202,7 +204,7 @@ class GeminiProvider:
                     self._client,
                     self._url(deployment, "embedContent" if single else "batchEmbedContents"),
                     headers=headers, body=requests[0] if single else {"requests": requests},
-                    timeout_s=deployment.timeout_s)
+                    timeout_s=deployment.timeout_s, egress=egress_of(deployment))
             try:
                 found = [response["embedding"]] if single else response["embeddings"]
                 vectors = [list(e["values"]) for e in found]

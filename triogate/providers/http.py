@@ -19,6 +19,8 @@ from triogate.errors import (
     ProviderStatusError,
     ProviderTimeout,
 )
+from triogate.providers.egress import DIRECT, Egress
+from triogate.providers.http1 import DEFAULT_MAX_BODY_BYTES, UpstreamFramingError
 from triogate.providers.records import GATEWAY_ONLY_FIELDS
 from triogate.providers.transport import CONNECT_TIMEOUT_S, transport_of
 
@@ -26,6 +28,13 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator, Mapping
 
     from triogate.config import Deployment
+
+
+def egress_of(deployment: Deployment) -> Egress:
+    """The deployment's proxy and TLS verification."""
+    if deployment.proxy is None and deployment.ssl_verify is True:
+        return DIRECT
+    return Egress(deployment.proxy, deployment.ssl_verify)
 
 
 @contextlib.contextmanager
@@ -37,6 +46,8 @@ def map_exceptions() -> Iterator[None]:
     """
     try:
         yield
+    except UpstreamFramingError as exc:  # framing, size, coding: the reply cannot be read
+        raise ProviderProtocolError(f"upstream reply is not valid: {exc}") from exc
     except (httpx.TimeoutException, trio.TooSlowError) as exc:
         raise ProviderTimeout(f"upstream timed out: {type(exc).__name__} {exc}") from exc
     except (httpx.TransportError, trio.BrokenResourceError, OSError) as exc:
@@ -104,6 +115,7 @@ async def post_json(
     headers: Mapping[str, str],
     body: Mapping[str, Any],
     timeout_s: float,
+    egress: Egress = DIRECT,
 ) -> dict[str, Any]:
     """POST ``body`` as JSON and return the JSON object answered (a checkpoint).
 
@@ -117,20 +129,35 @@ async def post_json(
         with map_exceptions():
             status, content = await fast.post(
                 url, headers={"content-type": "application/json", **headers},
-                content=orjson.dumps(body), timeout_s=timeout_s,
+                content=orjson.dumps(body), timeout_s=timeout_s, egress=egress,
             )
-    else:
+    else:  # another transport (a test's): its decoded body is bounded all the same
         with map_exceptions(), trio.fail_after(timeout_s):
-            response = await client.post(
-                url,
-                content=orjson.dumps(body),
+            request = client.build_request(
+                "POST", url, content=orjson.dumps(body),
                 headers={"content-type": "application/json", **headers},
-                timeout=request_timeout(timeout_s),
-            )
-            status, content = response.status_code, response.content
+                timeout=request_timeout(timeout_s), extensions={"triogate_egress": egress})
+            response = await client.send(request, stream=True)
+            try:
+                status = response.status_code
+                content = await read_bounded(response, DEFAULT_MAX_BODY_BYTES)
+            finally:
+                await response.aclose()
     if status >= 400:
         raise upstream_status_error(status, content, headers)
     return parse_json_object(content)
+
+
+async def read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """``response``'s (decoded) body, refused past ``limit`` bytes."""
+    parts: list[bytes] = []
+    total = 0
+    async for part in response.aiter_bytes():
+        total += len(part)
+        if total > limit:
+            raise UpstreamFramingError(f"upstream body larger than {limit} bytes")
+        parts.append(part)
+    return b"".join(parts)
 
 
 # Upstream JSON of the wrong shape (a list where an object belongs, ...) fails inside the
@@ -146,6 +173,7 @@ async def open_sse_response(
     headers: Mapping[str, str],
     body: Mapping[str, Any],
     timeout_s: float,
+    egress: Egress = DIRECT,
 ) -> AsyncIterator[httpx.Response]:
     """POST ``body`` and yield the streaming response once its status is known good.
 
@@ -162,16 +190,19 @@ async def open_sse_response(
     with map_exceptions():
         if fast is not None:  # the gateway's own client: skip httpx's layers (as post_json)
             response = await fast.open_stream(url, headers=all_headers,
-                                              content=orjson.dumps(body), timeout_s=timeout_s)
+                                              content=orjson.dumps(body), timeout_s=timeout_s,
+                                              egress=egress)
         else:
             request = client.build_request("POST", url, content=orjson.dumps(body),
                                            headers=all_headers,
-                                           timeout=request_timeout(timeout_s))
+                                           timeout=request_timeout(timeout_s),
+                                           extensions={"triogate_egress": egress})
             response = await client.send(request, stream=True)
     try:
         if response.status_code >= 400:
+            limit = fast.max_body_bytes if fast is not None else DEFAULT_MAX_BODY_BYTES
             with map_exceptions():
-                content = await response.aread()
+                content = await read_bounded(response, limit)
             raise upstream_status_error(response.status_code, content, headers)
         yield response
     finally:

@@ -8,15 +8,17 @@ as the transport's are.
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Protocol, final
 
 import httpx
 import trio
 
+from triogate.providers.chunks import buffered_chunk, chunk_size, chunk_size_of, whole_chunks
 from triogate.providers.watchdog import watchdog
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Hashable
 
     from triogate.providers.watchdog import Paced, ReadWatch
 
@@ -28,6 +30,32 @@ _INF = float("inf")
 
 #: (scheme, host, port) of an upstream.
 Origin = tuple[bytes, bytes, int]
+
+#: A whole (not streamed) upstream body is refused past this many bytes unless the
+#: transport is given another bound (``triogate.http.max_upstream_body_bytes``).
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+#: One streamed SSE event is refused past this many bytes unless the transport is given
+#: another bound (``triogate.http.max_upstream_event_bytes``).
+DEFAULT_MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+# What h11 (httpcore's parser) accepts: a Content-Length is decimal digits (Python's
+# int() would also take "-1", "1_0", " 5", "+5"); chunk sizes: ``chunks.py``.
+_DIGITS = re.compile(rb"[0-9]+")
+
+
+class UpstreamFramingError(httpx.RemoteProtocolError):
+    """The upstream's answer is framed in a way HTTP/1.1 does not allow (a bad or
+    conflicting ``Content-Length``, a bad chunk size, a content coding that was not asked
+    for), or is larger than the body bound: it cannot be read, the connection is dropped."""
+
+
+class BodyTooLarge(UpstreamFramingError):
+    """The upstream's body is longer than the transport's body bound."""
+
+
+def too_large(limit: int, request: httpx.Request | None) -> BodyTooLarge:
+    """The error of a body past ``limit`` bytes."""
+    return BodyTooLarge(f"upstream body larger than {limit} bytes", request=request)
 
 
 def set_pacer(pacer: Paced) -> None:
@@ -49,7 +77,8 @@ class UpstreamConnection:
 
     __slots__ = ("behind", "buffer", "fd", "idle_since", "origin", "plain", "socket", "stream")
 
-    def __init__(self, origin: Origin, stream: trio.abc.Stream, socket: trio.socket.SocketType):
+    def __init__(self, origin: Hashable, stream: trio.abc.Stream,
+                 socket: trio.socket.SocketType):
         self.origin = origin
         self.stream = stream
         self.socket = socket
@@ -208,6 +237,8 @@ class UpstreamBody(httpx.AsyncByteStream):
         chunked: bool,
         keep_alive: bool,
         read_timeout: float | None,
+        limit: int | None = None,
+        deadline: float = _INF,
     ) -> None:
         self._pool = pool
         self._conn: UpstreamConnection | None = conn
@@ -216,12 +247,20 @@ class UpstreamBody(httpx.AsyncByteStream):
         self._chunked = chunked
         self._keep_alive = keep_alive and (length is not None or chunked)
         self._done = False
+        #: Bytes ``__aiter__`` may hand out at most (a whole body; None: no bound).
+        self._limit = limit
+        #: Trio time after which no read is made (the stream's total time bound).
+        self._deadline = deadline
         # Each read's timeout is kept by the run's watchdog (one registration per body,
         # not a deadline scope per read; see watchdog.py).
-        self._watch = None if read_timeout is None else watchdog().watch(conn.fd, read_timeout)
+        self._watch = None if read_timeout is None else watchdog().watch(
+            conn.fd, read_timeout, deadline)
 
     async def _more(self) -> bytes:
         assert self._conn is not None
+        if self._deadline != _INF and trio.current_time() >= self._deadline:
+            raise httpx.ReadTimeout("upstream stream outlasted its time bound",
+                                    request=self._request)
         if self._watch is None:
             return await self._conn.receive(None, self._request)
         return await self._conn.receive_watched(self._watch, self._request)
@@ -230,6 +269,28 @@ class UpstreamBody(httpx.AsyncByteStream):
         conn = self._conn
         if conn is None:
             raise httpx.StreamClosed()
+        if self._limit is not None:
+            async for piece in self._bounded(self._limit):
+                yield piece
+        else:
+            async for piece in self._pieces(conn):
+                yield piece
+        self._done = True
+        await self.aclose()
+
+    async def _bounded(self, limit: int) -> AsyncIterator[bytes]:
+        """The body's pieces, refused once they come to more than ``limit`` bytes."""
+        assert self._conn is not None
+        if self._length is not None and self._length > limit:
+            raise too_large(limit, self._request)
+        total = 0
+        async for piece in self._pieces(self._conn):
+            total += len(piece)
+            if total > limit:
+                raise too_large(limit, self._request)
+            yield piece
+
+    async def _pieces(self, conn: UpstreamConnection) -> AsyncIterator[bytes]:
         buf = conn.buffer
         if self._length is not None:
             left = self._length
@@ -260,8 +321,6 @@ class UpstreamBody(httpx.AsyncByteStream):
                 yield piece
             while data := await self._more():
                 yield data
-        self._done = True
-        await self.aclose()
 
     async def _line(self, conn: UpstreamConnection) -> bytes:
         buf = conn.buffer
@@ -282,12 +341,10 @@ class UpstreamBody(httpx.AsyncByteStream):
         buf = conn.buffer
         while True:
             size_line = await self._line(conn)
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise httpx.RemoteProtocolError(
-                    f"bad chunk size {size_line[:40]!r}", request=self._request
-                ) from None
+            size = chunk_size_of(size_line)
+            if size is None:
+                raise UpstreamFramingError(
+                    f"bad chunk size {size_line[:40]!r}", request=self._request)
             if size == 0:
                 while await self._line(conn):  # trailers, up to the empty line
                     pass
@@ -366,7 +423,7 @@ class UpstreamBody(httpx.AsyncByteStream):
             if end >= 0:
                 size = chunk_size(buf, end)
                 if size is None:
-                    raise httpx.RemoteProtocolError(
+                    raise UpstreamFramingError(
                         f"bad chunk size {bytes(buf[:end])[:40]!r}", request=self._request
                     )
                 if size == 0:
@@ -379,6 +436,10 @@ class UpstreamBody(httpx.AsyncByteStream):
                     raise httpx.RemoteProtocolError("chunk without CRLF", request=self._request)
             elif len(buf) > MAX_HEAD_BYTES:
                 raise httpx.RemoteProtocolError("chunk header too long", request=self._request)
+            # _more inlined: a coroutine frame less per read (the stream's hot path).
+            if self._deadline != _INF and trio.current_time() >= self._deadline:
+                raise httpx.ReadTimeout("upstream stream outlasted its time bound",
+                                        request=self._request)
             watch = self._watch
             data = await (conn.receive(None, self._request) if watch is None
                           else conn.receive_watched(watch, self._request))
@@ -415,78 +476,6 @@ class UpstreamBody(httpx.AsyncByteStream):
         await self._pool.release(conn, reuse=self._done and self._keep_alive)
 
 
-def chunk_size(buf: bytearray, end: int) -> int | None:
-    """The size on the chunk-size line ``buf[:end]``, or None if it is not one."""
-    try:
-        return int(buf[:end], 16)  # no extension (the usual line): no copy, no split
-    except ValueError:
-        pass
-    try:
-        return int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
-    except ValueError:
-        return None
-
-
-def whole_chunks(data: bytes) -> tuple[bytes, int]:
-    """The data of the whole data chunks ``data`` starts with, joined, and where the rest
-    starts (0: none; the rest begins at a partial, last or malformed chunk, or a size line
-    with an extension, left for the buffered path as :func:`buffered_chunk` leaves it).
-
-    One pass over the read's bytes, no buffer round trip. A read of exactly one chunk (a
-    worker that keeps up) costs what the single-chunk check it replaces did; one of
-    several (a worker that is behind) 0.75 µs per chunk against 1.1 for the bytearray and
-    :func:`buffered_chunk` per chunk (timeit)."""
-    end = data.find(b"\r\n")
-    if end <= 0:
-        return b"", 0
-    try:
-        size = int(data[:end], 16)
-    except ValueError:
-        return b"", 0
-    start = end + 2
-    stop = start + size
-    total = len(data)
-    if size <= 0 or stop + 2 > total or not data.startswith(b"\r\n", stop):
-        return b"", 0
-    if stop + 2 == total:
-        return data[start:stop], total  # the usual read: exactly one chunk
-    pieces = [data[start:stop]]
-    pos = stop + 2
-    find = data.find
-    while pos < total:
-        end = find(b"\r\n", pos)
-        if end < 0:
-            break
-        try:
-            size = int(data[pos:end], 16)
-        except ValueError:
-            break
-        start = end + 2
-        stop = start + size
-        if size <= 0 or stop + 2 > total or not data.startswith(b"\r\n", stop):
-            break
-        pieces.append(data[start:stop])
-        pos = stop + 2
-    return b"".join(pieces), pos
-
-
-def buffered_chunk(buf: bytearray) -> bytes | None:
-    """Take the next data chunk if it is whole in ``buf``; else None and ``buf`` as it
-    was (an incomplete, last or malformed chunk is left for ``UpstreamBody._chunks``)."""
-    end = buf.find(b"\r\n")
-    if end < 0:
-        return None
-    size = chunk_size(buf, end)
-    if size is None:
-        return None
-    start = end + 2
-    if size == 0 or len(buf) < start + size + 2 or buf[start + size : start + size + 2] != b"\r\n":
-        return None
-    piece = bytes(buf[start : start + size])
-    del buf[: start + size + 2]
-    return piece
-
-
 async def send_request(
     conn: UpstreamConnection, data: bytes, timeout_s: float | None, request: httpx.Request | None
 ) -> None:
@@ -519,10 +508,13 @@ async def send_request(
 
 async def read_head(
     conn: UpstreamConnection, read_timeout: float | None, request: httpx.Request | None, *,
-    head_request: bool,
+    head_request: bool, accepts_coding: bool = False,
 ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool, int | None, bool]:
     """Read a response head (skipping 1xx): status, reason, headers, keep-alive, and the
-    body's framing (``Content-Length`` or None, chunked)."""
+    body's framing (``Content-Length`` or None, chunked).
+
+    Framing is checked as h11 checks it (``UpstreamFramingError``); a body with a content
+    coding is refused unless ``accepts_coding`` (the request asked for one)."""
     buf = conn.buffer
     while True:
         while (end := buf.find(b"\r\n\r\n")) < 0:
@@ -541,26 +533,41 @@ async def read_head(
             break
     length: int | None = None
     chunked = False
+    coded = False
     for name, value in headers:
         lname = name.lower()
         if lname == b"transfer-encoding":
-            chunked = value.lower().split(b",")[-1].strip() == b"chunked"
+            if chunked or value.strip().lower() != b"chunked":  # as h11: chunked, once
+                raise UpstreamFramingError(
+                    f"unsupported transfer-encoding {value[:40]!r}", request=request)
+            chunked = True
         elif lname == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                raise httpx.RemoteProtocolError(
-                    f"bad content-length {value[:40]!r}", request=request
-                ) from None
+            # As h11: digits only; a list or a repeat must say one value.
+            values = {v.strip() for v in value.split(b",")}
+            one = values.pop() if len(values) == 1 else b""
+            if _DIGITS.fullmatch(one) is None or (length is not None and length != int(one)):
+                raise UpstreamFramingError(
+                    f"bad or conflicting content-length {value[:40]!r}", request=request)
+            length = int(one)
+        elif lname == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            coded = True
     if chunked:
         length = None
+    if coded and not accepts_coding:
+        # The request asked for none (identity): a coded body is not decoded (a small
+        # body can inflate to gigabytes), it is refused.
+        raise UpstreamFramingError("upstream sent a content-encoding that was not asked for",
+                                   request=request)
     if head_request or status in NO_BODY_STATUS:
         length, chunked = 0, False
     return status, reason, headers, keep_alive, length, chunked
 
 
-async def read_exactly(conn: UpstreamConnection, length: int) -> bytes:
-    """The next ``length`` bytes of the connection (a ``Content-Length`` body)."""
+async def read_exactly(conn: UpstreamConnection, length: int, limit: int) -> bytes:
+    """The next ``length`` bytes of the connection (a ``Content-Length`` body), refused
+    before any is read if ``length`` is over ``limit``."""
+    if length > limit:
+        raise too_large(limit, None)
     buf = conn.buffer
     while len(buf) < length:
         data = await conn.receive(None, None)

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderProtocolError
-from triogate.providers.http import post_json, upstream_body
+from triogate.providers.http import egress_of, post_json, upstream_body
 from triogate.providers.records import Completion, Usage
 from triogate.providers.streaming import check_streamable
 from triogate.providers.tokens import estimate_input_tokens
@@ -99,6 +99,7 @@ class OpenAIProvider:
             headers=self._headers(deployment),
             body=upstream_body(body, deployment),
             timeout_s=deployment.timeout_s,
+            egress=egress_of(deployment),
         )
         if not isinstance(response.get("results"), list):
             raise ProviderProtocolError("upstream moderations reply has no results list")

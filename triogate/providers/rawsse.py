@@ -34,13 +34,11 @@ import trio
 
 from triogate.errors import ProviderError, ProviderProtocolError
 from triogate.providers.http import SHAPE_ERRORS, map_exceptions
+from triogate.providers.http1 import DEFAULT_MAX_EVENT_BYTES
 from triogate.providers.sse import SSEDecoder
-from triogate.providers.transport import body_of
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
-
-    import httpx
 
     from triogate.providers.records import Usage
     from triogate.providers.usage import UsageTracker
@@ -114,28 +112,6 @@ class RawTranslator(Protocol):
     def finish(self, usage: Usage) -> list[dict[str, Any]]: ...
 
 
-def body_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
-    """``read()``: the next bytes of ``response``'s body, b"" at its end (a checkpoint).
-
-    The gateway's own transport's body is read directly; any other (a test's
-    ``MockTransport``, a content-coded body) through httpx's decoded iterator.
-    """
-    coding = response.headers.get("content-encoding", "identity").strip().lower()
-    body = body_of(response) if coding in ("", "identity") else None
-    if body is not None:
-        return body.read_some
-    chunks = response.aiter_bytes()
-
-    async def read() -> bytes:
-        try:
-            return await chunks.__anext__()
-        except StopAsyncIteration:
-            await trio.lowlevel.checkpoint()
-            return b""
-
-    return read
-
-
 class RawStream:
     """The ProviderStream of an upstream whose client speaks its API (see the module).
 
@@ -146,7 +122,8 @@ class RawStream:
     """
 
     def __init__(self, read: Callable[[], Awaitable[bytes]], tracker: UsageTracker,
-                 translator: RawTranslator, framing: Framing) -> None:
+                 translator: RawTranslator, framing: Framing,
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self._read = read
         self._tracker = tracker
         self._translator = translator
@@ -156,9 +133,13 @@ class RawStream:
         self._observe = translator.observe
         self._data_at = framing.data_at
         self._encodes_as = None if isinstance(framing, ChatFraming) else framing.encodes_as
-        self._buffer = b""  # bytes after the last whole event
+        self._max = max_event_bytes
+        # The bytes after the last whole event, in the pieces they came in (joined once
+        # a read may end the event: a long event costs one pass, not one per read).
+        self._parts: list[bytes] = []
+        self._held = 0  # their length
         self._decoder: SSEDecoder | None = None  # once a CR showed up: for the rest
-        self._general = SSEDecoder()  # for events of another form
+        self._general = SSEDecoder(max_event_bytes)  # for events of another form
         self._pending: collections.deque[_Item] = collections.deque()
         self._ended = False  # [DONE], the body's end, or an error queued
         self._finished = False  # the translator's finish events queued (or an error)
@@ -187,10 +168,14 @@ class RawStream:
             except Exception:
                 with map_exceptions():
                     raise
-            if data:
-                self._take(data)
-            else:
-                self._end()
+            try:
+                if data:
+                    self._take(data)
+                else:
+                    self._end()
+            except ProviderError as exc:  # an event past the bound (the SSE decoder's)
+                exc.__traceback__ = None  # its frames hold the bytes: let them go now
+                self._fail(exc)
         return self._next()
 
     def next_nowait(self) -> dict[str, Any] | None:
@@ -223,16 +208,28 @@ class RawStream:
         if self._decoder is not None:
             self._decoded(self._decoder.feed(data))
             return
-        buf = self._buffer + data if self._buffer else data
+        if self._held:
+            if (b"\r" not in data and b"\n\n" not in data
+                    and not (data[:1] == b"\n" and self._parts[-1].endswith(b"\n"))):
+                # No event can end in these bytes (every one ends at a blank line): kept
+                # as they are, not joined and scanned again.
+                self._hold(data)
+                return
+            buf = b"".join((*self._parts, data))
+            self._parts.clear()
+            self._held = 0
+        else:
+            buf = data
         if b"\r" in data:  # CR line ends: the general parser from here on
-            self._buffer = b""
-            self._decoder = SSEDecoder()
+            self._decoder = SSEDecoder(self._max)
             self._decoded(self._decoder.feed(buf))
             return
         start = 0
         size = len(buf)
         if self._encodes_as is None:  # chat: one scan per event (see _take_chat)
-            self._buffer = buf[self._take_chat(buf, size) :]
+            start = self._take_chat(buf, size)
+            if start < size:
+                self._hold(buf[start:])
             return
         data_at = self._data_at
         while not self._ended:
@@ -246,7 +243,17 @@ class RawStream:
             elif end > start:
                 self._decoded(self._general.feed(buf[start : end + 2]))
             start = end + 2
-        self._buffer = buf[start:]
+        if start < size:
+            self._hold(buf[start:])
+
+    def _hold(self, data: bytes) -> None:
+        """Keep ``data`` for the event it begins or continues; past the bound, the stream
+        fails (queued, not raised: no traceback keeps the bytes alive)."""
+        self._parts.append(data)
+        self._held += len(data)
+        if self._held > self._max:
+            self._fail(ProviderProtocolError(
+                f"upstream stream event larger than {self._max} bytes"))
 
     def _take_chat(self, buf: bytes, size: int) -> int:
         """``_take``'s loop for chat's framing; where the unread bytes start.
@@ -277,9 +284,10 @@ class RawStream:
     def _end(self) -> None:
         """The body ended: what is left is dispatched (an unterminated last event)."""
         if not self._ended:
-            decoder = self._decoder or SSEDecoder()
-            self._decoded(decoder.feed(self._buffer) + decoder.close())
-        self._buffer = b""
+            decoder = self._decoder or SSEDecoder(self._max)
+            self._decoded(decoder.feed(b"".join(self._parts)) + decoder.close())
+        self._parts.clear()
+        self._held = 0
         self._ended = True
 
     def _decoded(self, events: list[Any]) -> None:
@@ -344,6 +352,13 @@ class RawStream:
     def _fail(self, error: ProviderError) -> None:
         self._pending.append(error)
         self._ended = self._finished = True
+        # Nothing more is parsed: the bytes held go now, not when the last reference to
+        # the stream does (an error's traceback can keep it in a cycle until a full
+        # garbage collection).
+        self._parts.clear()
+        self._held = 0
+        self._decoder = None
+        self._general = SSEDecoder(self._max)
 
 
 def _text(data: bytes | str) -> str:

@@ -16,9 +16,36 @@ import trio
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers.http import map_exceptions
+from triogate.providers.http1 import DEFAULT_MAX_EVENT_BYTES
+from triogate.providers.transport import body_of
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     import httpx
+
+
+def body_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
+    """``read()``: the next bytes of ``response``'s body, b"" at its end (a checkpoint).
+
+    The gateway's own transport's body is read directly (``UpstreamBody.read_some``:
+    bounded by the stream's time, not by the whole-body bound); any other (a test's
+    ``MockTransport``) through httpx's decoded iterator.
+    """
+    coding = response.headers.get("content-encoding", "identity").strip().lower()
+    body = body_of(response) if coding in ("", "identity") else None
+    if body is not None:
+        return body.read_some
+    chunks = response.aiter_bytes()
+
+    async def read() -> bytes:
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            await trio.lowlevel.checkpoint()
+            return b""
+
+    return read
 
 
 @attrs.frozen(kw_only=True)
@@ -38,9 +65,15 @@ class SSEDecoder:
     starting with ``:`` are comments. Several ``data:`` lines join with LF. An event is
     dispatched at a blank line; at end of input a pending event is dispatched too (the
     spec drops it, but an upstream that forgets the last blank line still meant it).
+
+    Linear in its input: a line that does not end yet is not scanned again when more of
+    it comes. One event (its unfinished line and the data lines before it) may take
+    ``max_event_bytes`` at most; past that :meth:`feed` raises ``ProviderProtocolError``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._max = max_event_bytes
+        self._held = 0  # bytes of the event's data lines so far
         self._buffer = bytearray()
         self._skip_lf = False  # the previous chunk ended in CR: a leading LF belongs to it
         self._event = ""
@@ -55,12 +88,18 @@ class SSEDecoder:
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
-        self._buffer += chunk
+        buffer = self._buffer
+        if b"\r" not in chunk and b"\n" not in chunk:  # the line goes on: no rescan
+            buffer += chunk
+            self._check(len(buffer))
+            return []
+        scanned = len(buffer)  # the unfinished line held no line end
+        buffer += chunk
         events: list[ServerSentEvent] = []
         start = 0
-        buffer = self._buffer
         while True:
-            cr, lf = buffer.find(b"\r", start), buffer.find(b"\n", start)
+            cr = buffer.find(b"\r", max(start, scanned))
+            lf = buffer.find(b"\n", max(start, scanned))
             if cr == -1 and lf == -1:
                 break
             if cr != -1 and (lf == -1 or cr < lf):
@@ -71,12 +110,23 @@ class SSEDecoder:
                     self._skip_lf = True
             else:
                 end, after = lf, lf + 1
+            self._check(end - start)
             event = self._line(bytes(buffer[start:end]).decode("utf-8", errors="replace"))
             if event is not None:
                 events.append(event)
             start = after
         del buffer[:start]
+        self._check(len(buffer))
         return events
+
+    def _check(self, pending: int) -> None:
+        """Refuse an event that grew past the bound (its data lines and ``pending``
+        bytes of a line not yet taken)."""
+        if self._held + pending > self._max:
+            self._buffer.clear()  # the bytes go now, whatever keeps the decoder
+            self._data, self._held = [], 0
+            raise ProviderProtocolError(
+                f"upstream stream event larger than {self._max} bytes")
 
     def close(self) -> list[ServerSentEvent]:
         """End of input: the last unterminated line and event, if any."""
@@ -100,6 +150,7 @@ class SSEDecoder:
         value = value.removeprefix(" ")
         if field == "data":
             self._data.append(value)
+            self._held += len(value) + 1
         elif field == "event":
             self._event = value
         elif field == "id":
@@ -110,6 +161,7 @@ class SSEDecoder:
         return None
 
     def _dispatch(self) -> ServerSentEvent | None:
+        self._held = 0
         if not self._data:
             self._event = ""
             return None
@@ -129,9 +181,10 @@ class SSESource:
     ``data: [DONE]`` (OpenAI) ends the stream; so does the end of the body.
     """
 
-    def __init__(self, response: httpx.Response) -> None:
-        self._chunks = response.aiter_bytes()
-        self._decoder = SSEDecoder()
+    def __init__(self, response: httpx.Response,
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._read = body_reader(response)
+        self._decoder = SSEDecoder(max_event_bytes)
         self._pending: collections.deque[ServerSentEvent] = collections.deque()
         self._ended = False
 
@@ -150,12 +203,11 @@ class SSESource:
                 await trio.lowlevel.checkpoint()
                 return None
             with map_exceptions():
-                try:
-                    chunk = await self._chunks.__anext__()
-                except StopAsyncIteration:
-                    self._ended = True
-                    self._pending.extend(self._decoder.close())
-                    continue
+                chunk = await self._read()
+            if not chunk:
+                self._ended = True
+                self._pending.extend(self._decoder.close())
+                continue
             self._pending.extend(self._decoder.feed(chunk))
         sse = self._pending.popleft()
         if sse.data.strip() == "[DONE]":

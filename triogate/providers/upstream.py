@@ -11,13 +11,21 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderProtocolError
-from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json, upstream_body
-from triogate.providers.rawsse import CHAT, MESSAGES, RawStream, body_reader
+from triogate.providers.http import (
+    SHAPE_ERRORS,
+    egress_of,
+    open_sse_response,
+    post_json,
+    upstream_body,
+)
+from triogate.providers.http1 import DEFAULT_MAX_EVENT_BYTES
+from triogate.providers.rawsse import CHAT, MESSAGES, RawStream
 from triogate.providers.records import Completion, Usage
-from triogate.providers.sse import SSESource
+from triogate.providers.sse import SSESource, body_reader
 from triogate.providers.streaming import Passthrough, TranslatedStream, check_streamable
 from triogate.providers.tokens import count_output_tokens, estimate_input_tokens
 from triogate.providers.translate import ChatPassthrough
+from triogate.providers.transport import transport_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -52,7 +60,8 @@ async def complete_via_hub(
     """
     request = upstream_body(hub.request(api, body, stream=False), deployment)
     response = await post_json(
-        client, url, headers=headers, body=request, timeout_s=deployment.timeout_s
+        client, url, headers=headers, body=request, timeout_s=deployment.timeout_s,
+        egress=egress_of(deployment),
     )
     try:
         usage = hub.reported_usage(response) or Usage(
@@ -89,16 +98,19 @@ async def open_hub_stream(
     check_streamable(api)
     request = upstream_body(hub.request(api, body, stream=True), deployment)
     input_tokens = estimate_input_tokens(api, body)
+    fast = transport_of(client)
+    max_event = fast.max_event_bytes if fast is not None else DEFAULT_MAX_EVENT_BYTES
     async with open_sse_response(
-        client, url, headers=headers, body=request, timeout_s=deployment.stream_timeout_s
+        client, url, headers=headers, body=request, timeout_s=deployment.stream_timeout_s,
+        egress=egress_of(deployment),
     ) as response:
         tracker = hub.tracker(input_tokens=input_tokens)
         translator = hub.translator(api, request=body, input_tokens=input_tokens,
                                     created_s=created_s)
         # The client speaks the upstream's API: the upstream's bytes go on (rawsse.py).
         if isinstance(translator, ChatPassthrough):
-            yield RawStream(body_reader(response), tracker, translator, CHAT)
+            yield RawStream(body_reader(response), tracker, translator, CHAT, max_event)
         elif isinstance(translator, Passthrough) and api == "messages":
-            yield RawStream(body_reader(response), tracker, translator, MESSAGES)
+            yield RawStream(body_reader(response), tracker, translator, MESSAGES, max_event)
         else:
-            yield TranslatedStream(SSESource(response), tracker, translator)
+            yield TranslatedStream(SSESource(response, max_event), tracker, translator)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers.cloud_errors import cloud_errors
-from triogate.providers.http import SHAPE_ERRORS, open_sse_response, post_json
+from triogate.providers.http import SHAPE_ERRORS, egress_of, open_sse_response, post_json
 from triogate.providers.records import GATEWAY_ONLY_FIELDS, Completion, Usage
 from triogate.providers.sse import SSESource
 from triogate.providers.streaming import TranslatedStream
@@ -56,7 +56,7 @@ async def complete(client: httpx.AsyncClient, api: Api, body: Mapping[str, Any],
     """One ``rawPredict`` call, answered in the client's API (a checkpoint)."""
     with cloud_errors():
         response = await post_json(client, url, headers=headers, body=request,
-                                   timeout_s=deployment.timeout_s)
+                                   timeout_s=deployment.timeout_s, egress=egress_of(deployment))
     try:
         usage = _HUB.reported_usage(response) or Usage(
             input_tokens=estimate_input_tokens(api, body),
@@ -77,7 +77,8 @@ async def stream(client: httpx.AsyncClient, api: Api, body: Mapping[str, Any],
         with cloud_errors():
             response = await stack.enter_async_context(open_sse_response(
                 client, url, headers=headers, body=request,
-                timeout_s=deployment.stream_timeout_s))
+                timeout_s=deployment.stream_timeout_s,
+                    egress=egress_of(deployment)))
         translator = _HUB.translator(api, request=body, input_tokens=input_tokens,
                                      created_s=created_s)
         yield TranslatedStream(SSESource(response), _HUB.tracker(input_tokens=input_tokens),

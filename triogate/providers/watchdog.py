@@ -76,8 +76,8 @@ class ReadWatch(_watch.Watched):
 
     __slots__ = ("dog", "fd", "fired")
 
-    def __init__(self, dog: Watchdog, fd: int, timeout_s: float) -> None:
-        super().__init__(timeout_s)
+    def __init__(self, dog: Watchdog, fd: int, timeout_s: float, deadline: float) -> None:
+        super().__init__(timeout_s, deadline)
         self.dog = dog
         self.fd = fd
         self.fired = False
@@ -96,10 +96,11 @@ class Watchdog(_watch.Watchdog[ReadWatch]):
         #: per read: a RunVar's miss raises).
         self.pacer: Paced = _Unpaced()
 
-    def watch(self, fd: int, timeout_s: float) -> ReadWatch:
-        """Register a body reading ``fd`` whose waits may last ``timeout_s`` each."""
-        watch = ReadWatch(self, fd, timeout_s)
-        self._push(trio.current_time() + timeout_s, watch)
+    def watch(self, fd: int, timeout_s: float, deadline: float = _watch.INF) -> ReadWatch:
+        """Register a body reading ``fd`` whose waits may last ``timeout_s`` each, and
+        none past ``deadline`` (trio time; the stream's total bound)."""
+        watch = ReadWatch(self, fd, timeout_s, deadline)
+        self._push(min(trio.current_time() + timeout_s, deadline), watch)
         self._live += 1
         return watch
 
@@ -109,7 +110,8 @@ class Watchdog(_watch.Watchdog[ReadWatch]):
         deadline scope), so the body goes on, watched again."""
         watch.fired = watch.closed = False
         self._live += 1
-        self._push(trio.current_time() + watch.timeout_s, watch)
+        now = trio.current_time()
+        self._push(min(now + watch.timeout_s, max(now, watch.deadline)), watch)
 
     def unwatch(self, watch: ReadWatch) -> None:
         """The body is done: forget it (its heap entry goes when due, or in a prune)."""

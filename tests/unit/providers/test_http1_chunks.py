@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from triogate.providers.http1 import buffered_chunk, whole_chunks
+from triogate.providers.chunks import buffered_chunk, whole_chunks
 
 CASES = [
     b"5\r\nhello\r\n",               # the usual read: one chunk
