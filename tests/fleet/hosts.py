@@ -116,11 +116,13 @@ class _RedisNode:
 
 
 class NsRedis(_RedisNode):
-    """A single Redis primary with AOF (``appendfsync always``): kill -9 loses nothing."""
+    """A single Redis primary with AOF (by default ``appendfsync always``: kill -9 loses
+    nothing)."""
 
-    def __init__(self, network: Network, folder: Path, role: str = "redis") -> None:
+    def __init__(self, network: Network, folder: Path, role: str = "redis", *,
+                 appendfsync: str = "always") -> None:
         super().__init__(network, role, folder, REDIS_PORT,
-                         ["--appendonly", "yes", "--appendfsync", "always"])
+                         ["--appendonly", "yes", "--appendfsync", appendfsync])
 
     @property
     def url(self) -> str:
@@ -134,7 +136,7 @@ class NsCluster:
     """A Redis Cluster in one namespace: ``primaries`` * (1 + ``replicas``) nodes."""
 
     def __init__(self, network: Network, folder: Path, *, primaries: int = 3,
-                 replicas: int = 0, role: str = "redis") -> None:
+                 replicas: int = 0, role: str = "redis", appendfsync: str = "always") -> None:
         self.host = network.addresses[role]
         count = primaries * (1 + replicas)
         self.replicas = replicas
@@ -143,7 +145,7 @@ class NsCluster:
                        ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
                         "--cluster-config-file", str(folder / f"node-{i}" / "nodes.conf"),
                         "--cluster-require-full-coverage", "no",
-                        "--appendonly", "yes", "--appendfsync", "always"])
+                        "--appendonly", "yes", "--appendfsync", appendfsync])
             for i in range(count)]
 
     def start(self) -> None:
