@@ -140,6 +140,7 @@ class NsCluster:
         self.host = network.addresses[role]
         count = primaries * (1 + replicas)
         self.replicas = replicas
+        self.primaries = primaries
         self.nodes = [
             _RedisNode(network, role, folder / f"node-{i}", CLUSTER_BASE_PORT + i,
                        ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
@@ -157,15 +158,45 @@ class NsCluster:
                  *(f"{self.host}:{n.port}" for n in self.nodes),
                  "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                 capture_output=True, timeout=60, check=True)
-            deadline = time.monotonic() + 30
-            while not all("cluster_state:ok" in command(self.host, n.port, "CLUSTER", "INFO")
-                          for n in self.nodes):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the cluster did not reach cluster_state:ok")
-                time.sleep(0.1)
+            self.wait_ok()
         except BaseException:
             self.stop()
             raise
+
+    def wait_ok(self, timeout_s: float = 30) -> None:
+        """Until every running node says ``cluster_state:ok`` (after a failover: the replica
+        was promoted and the others know it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+            try:
+                if all("cluster_state:ok" in command(self.host, n.port, "CLUSTER", "INFO")
+                       for n in alive) and self._primaries_alive(alive):
+                    return
+            except (subprocess.SubprocessError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.1)
+
+    def _primaries_alive(self, alive: list[_RedisNode]) -> bool:
+        """Every node that one running node lists as a primary with slots is running."""
+        ports = {n.port for n in alive}
+        for line in command(self.host, alive[0].port, "CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            if len(fields) > 8 and "master" in fields[2]:  # a primary with slots
+                port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                if port not in ports:
+                    return False
+        return True
+
+    def primary(self) -> _RedisNode:
+        """A running node that is a primary now."""
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None and (
+                    command(self.host, node.port, "ROLE").startswith("master")):
+                return node
+        raise LookupError("no primary is running")
 
     @property
     def url(self) -> str:
