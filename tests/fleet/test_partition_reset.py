@@ -42,11 +42,10 @@ def network() -> Iterator[netns.Network]:
         yield made
 
 
-@pytest.mark.allow_blocking("redis-server is started and stopped synchronously")
 async def test_a_timed_out_pipeline_is_not_delivered_after_the_partition(
         tmp_path: Path, network: netns.Network) -> None:
     redis = NsRedis(network, tmp_path / "redis")
-    redis.start()
+    await trio.to_thread.run_sync(redis.start)
     backend = RespBackend(redis.url, command_timeout_s=0.5)
     try:
         assert await backend.execute([("SET", "counter", 0)]) == [b"OK"]
@@ -61,4 +60,4 @@ async def test_a_timed_out_pipeline_is_not_delivered_after_the_partition(
         assert await backend.execute([("GET", "counter")]) == [b"0"]
     finally:
         await backend.aclose()
-        redis.stop()
+        await trio.to_thread.run_sync(redis.stop)
