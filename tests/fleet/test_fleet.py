@@ -266,15 +266,17 @@ async def test_fleet_money_and_limits_through_faults(tmp_path: Path,
 
             stop = trio.Event()
             minute_start = math.ceil(time.time()) + 2.0  # a window bucket's boundary
-            async with trio.open_nursery() as nursery:
-                for c in range(GENERAL_CLIENTS):
-                    nursery.start_soon(partial(general_client, hosts, made, load, stop, seed=c))
-                for c in range(RPM_CLIENTS):
-                    nursery.start_soon(partial(rpm_client, hosts, limited_key, load, stop,
-                                               start_at=minute_start, index=c))
-                await trio.sleep(minute_start + MINUTE_S - time.time())
-                await inject_faults(network, redis, postgres, marks)
-                stop.set()
+            with trio.fail_after(MINUTE_S + 60):  # the minute, the faults (~25 s), margin
+                async with trio.open_nursery() as nursery:
+                    for c in range(GENERAL_CLIENTS):
+                        nursery.start_soon(partial(general_client, hosts, made, load, stop,
+                                                   seed=c))
+                    for c in range(RPM_CLIENTS):
+                        nursery.start_soon(partial(rpm_client, hosts, limited_key, load, stop,
+                                                   start_at=minute_start, index=c))
+                    await trio.sleep(minute_start + MINUTE_S - time.time())
+                    await inject_faults(network, redis, postgres, marks)
+                    stop.set()
             for host in hosts.values():
                 await trio.to_thread.run_sync(host.wait_settled)
             codes = {name: await trio.to_thread.run_sync(host.stop)
