@@ -179,9 +179,20 @@ def host_config(path: Path, *, state: Path, redis_url: str, database: str, upstr
         path.write_text(yaml.safe_dump(config))
 
 
+async def readiness(host: GatewayHost, samples: int) -> list[dict[str, Any]]:
+    """``samples`` readiness bodies of ``host`` (any of its workers answers each)."""
+    bodies = []
+    async with httpx.AsyncClient(timeout=10) as http:
+        for _ in range(samples):
+            bodies.append((await http.get(f"{host.url}/health/readiness")).json())
+    return bodies
+
+
 async def inject_faults(network: netns.Network, redis: NsRedis | NsCluster,
-                        postgres: NsPostgres, marks: dict[str, tuple[float, float]]) -> None:
-    """Each fault, then a stretch of normal load; ``marks`` gets each fault's span."""
+                        postgres: NsPostgres, marks: dict[str, tuple[float, float]],
+                        cut_off: GatewayHost, seen_cut: list[dict[str, Any]]) -> None:
+    """Each fault, then a stretch of normal load; ``marks`` gets each fault's span,
+    ``seen_cut`` the readiness of ``cut_off`` (a fail-open host) late in the cut."""
     began = time.time()
     if isinstance(redis, NsRedis):
         await trio.to_thread.run_sync(redis.kill)
@@ -198,7 +209,9 @@ async def inject_faults(network: netns.Network, redis: NsRedis | NsCluster,
     began = time.time()
     for host in CUT:
         await trio.to_thread.run_sync(network.cut, host, "redis")
-    await trio.sleep(10.0)
+    await trio.sleep(7.0)
+    seen_cut.extend(await readiness(cut_off, 4))  # each waits out the Redis timeout
+    await trio.sleep(max(0.0, began + 10.0 - time.time()))
     marks["cut"] = (began, time.time())  # what follows is the heal
     for host in CUT:
         await trio.to_thread.run_sync(network.heal, host, "redis")
@@ -243,6 +256,7 @@ async def test_fleet_money_and_limits_through_faults(tmp_path: Path,
     postgres = await trio.to_thread.run_sync(NsPostgres, network)
     hosts: dict[str, GatewayHost] = {}
     marks: dict[str, tuple[float, float]] = {}
+    seen_cut: list[dict[str, Any]] = []
     load = Load()
     try:
         await trio.to_thread.run_sync(postgres.start)
@@ -275,7 +289,8 @@ async def test_fleet_money_and_limits_through_faults(tmp_path: Path,
                         nursery.start_soon(partial(rpm_client, hosts, limited_key, load, stop,
                                                    start_at=minute_start, index=c))
                     await trio.sleep(minute_start + MINUTE_S - time.time())
-                    await inject_faults(network, redis, postgres, marks)
+                    await inject_faults(network, redis, postgres, marks, hosts["gw1"],
+                                        seen_cut)
                     stop.set()
             for host in hosts.values():
                 await trio.to_thread.run_sync(host.wait_settled)
@@ -307,6 +322,7 @@ async def test_fleet_money_and_limits_through_faults(tmp_path: Path,
     print(f"answered 200: {ok}, spend rows {report.rows} {statuses}, "
           f"principals {report.principals}, spend {report.spend_nanousd} nano-USD, "
           f"transport errors {len(load.transport_errors)}")
+    print(f"gw1 late in the cut: {[b['settler'] for b in seen_cut]}")
     for line in report.discrepancies:
         print("  " + line)
 
@@ -327,6 +343,10 @@ async def test_fleet_money_and_limits_through_faults(tmp_path: Path,
     assert open_cut and all(a.status == 200 and a.degraded for a in open_cut)
     assert closed_cut and all(a.status == 503 for a in closed_cut)
     assert normal and all(a.status == 200 and not a.degraded for a in normal)
+    # The cut-off fail-open host held its post-call writes back (queued or journaled)
+    # meanwhile; wait_settled saw them all written once the link healed.
+    assert seen_cut and all(b["redis"].startswith("unavailable") for b in seen_cut)
+    assert any(b["settler"]["queued"] or b["settler"]["journal_pending"] for b in seen_cut)
     # Money: one spend row per answered request (refusals too, at no cost); Redis ==
     # PostgreSQL to the nano-dollar, nothing reserved, held or leased.
     assert statuses.get("success", 0) == ok
