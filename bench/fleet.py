@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,11 +71,9 @@ def start_upstream(network: netns.Network, folder: Path) -> tuple[subprocess.Pop
     deadline = time.monotonic() + 30
     while True:
         try:
-            import httpx
-
-            httpx.get(f"{url}/health", timeout=1)
+            httpx.get(f"{url}/health", timeout=1)  # any answer: it listens
             return process, url
-        except Exception:
+        except httpx.TransportError:
             if time.monotonic() > deadline or process.poll() is not None:
                 raise
             time.sleep(0.1)
