@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 import os
 import select
+import socket
 import ssl
+import struct
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, final
 
@@ -43,6 +45,9 @@ from ._backend import RedisAddress, redact_url
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
 from ._watchdog import Watchdog, Watched, current, watchdog
+
+#: ``SO_LINGER`` on, 0 s: ``close`` resets the connection and drops unsent data.
+_RESET = struct.pack("ii", 1, 0)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -186,13 +191,23 @@ class _Connection(Watched):
                 return True
         return False
 
-    def close_nowait(self) -> None:
-        """Close synchronously: usable in ``finally`` blocks under cancellation."""
+    def close_nowait(self, *, abort: bool = False) -> None:
+        """Close synchronously: usable in ``finally`` blocks under cancellation.
+
+        ``abort``: the pipeline on it was given up (timeout, error, cancellation): reset
+        the connection (``SO_LINGER`` 0) so that the kernel drops what it has not yet
+        delivered instead of sending it on. Otherwise a script written into a partition
+        would reach Redis when the link heals, after the gateway had already settled the
+        request as never admitted, and hold a reservation until its lease ran out.
+        """
         self.closed = True  # the watchdog forgets it
         stream = self.stream
         while isinstance(stream, trio.SSLStream):
             stream = stream.transport_stream
         if isinstance(stream, trio.SocketStream):
+            if abort:
+                with suppress(OSError):
+                    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             stream.socket.close()
 
 
@@ -355,7 +370,7 @@ class RespBackend:
                 self._idle.append(conn)
             else:
                 self._open -= 1
-                conn.close_nowait()
+                conn.close_nowait(abort=not ok)
 
     def _take_idle(self, now: float) -> _Connection | None:
         """The most recently used live idle connection; drops stale ones (sync)."""
