@@ -47,7 +47,7 @@ PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "mock")
 OPENAI_COMPATIBLE: tuple[str, ...] = tuple(config_litellm.COMPAT_PROVIDERS)
 PROVIDERS += ("azure", *OPENAI_COMPATIBLE, *config_cloud.CLOUD_PROVIDERS)
 #: Providers whose deployments must be priced: by the config or the packaged table.
-PRICE_REQUIRED = ("azure", *OPENAI_COMPATIBLE)
+PRICE_REQUIRED = ("azure", *OPENAI_COMPATIBLE, *config_cloud.CLOUD_PROVIDERS)
 #: Where Entra ID issues tokens (``azure_authority_host``; LiteLLM's AZURE_AUTHORITY_HOST).
 AZURE_AUTHORITY_HOST = "https://login.microsoftonline.com"
 AZURE_API_VERSION = "2024-10-21"

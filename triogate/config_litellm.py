@@ -332,12 +332,21 @@ _PRICES: Mapping[str, list[float]] = MappingProxyType(json.loads(
 )["usd_per_million_tokens"])
 
 
+#: Cross-region inference profile prefixes of Bedrock model ids (``us.anthropic.…``).
+_BEDROCK_REGIONS = frozenset(("us", "eu", "apac", "global", "us-gov", "jp", "au", "ca"))
+
+
 def listed_price(provider: str, model: str, info: Mapping[str, Any]) -> tuple[str, str] | None:
     """USD per token (input, output) of ``provider/model`` in the packaged table
     (``routing/prices.json``): by ``provider/model``, or for Azure by
     ``model_info.base_model`` or the deployment's name; a name also prices its dated
     snapshots. None when the table has none of them."""
     names = [f"{provider}/{model}"]
+    if provider == "bedrock":  # the API route and a cross-region profile are not the model
+        bare = model.removeprefix("converse/").removeprefix("invoke/")
+        region, dot, rest = bare.partition(".")
+        names = [f"bedrock/{bare}"] + (
+            [f"bedrock/{rest}"] if dot and region in _BEDROCK_REGIONS and "." in rest else [])
     if provider == "azure":
         base = str(info.get("base_model") or model)
         names = [base, base.removeprefix("azure/"), model]

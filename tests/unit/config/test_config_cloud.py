@@ -76,3 +76,20 @@ def test_the_cloud_models_named_in_tests_and_docs_have_list_prices(model: str) -
     """Listed as provider/model, as LiteLLM's other provider names are."""
     assert model in _table()
     assert model.endswith("text-embedding-004") or table_price(model).input_usd_per_token > 0
+
+
+def test_cloud_models_are_priced_from_the_table_or_refused() -> None:
+    """A cloud deployment takes the packaged list price (a Bedrock id through its API route
+    and cross-region profile prefixes); one the table does not know must give its own."""
+    aws = {"aws_region_name": "us-east-1", "aws_access_key_id": "a",
+           "aws_secret_access_key": "s"}
+    config = parse_config({"model_list": [{"model_name": "c", "litellm_params": {
+        "model": "bedrock/converse/us.anthropic.claude-3-5-sonnet-20241022-v2:0", **aws}}]})
+    (deployment,) = config.deployments
+    assert float(deployment.price.input_usd_per_token) == pytest.approx(3e-6)
+    with pytest.raises(ConfigError, match="no price"):
+        parse_config({"model_list": [{"model_name": "c", "litellm_params": {
+            "model": "bedrock/acme.unknown-model-v1:0", **aws}}]})
+    with pytest.raises(ConfigError, match="no price"):
+        parse_config({"model_list": [{"model_name": "g", "litellm_params": {
+            "model": "gemini/gemini-unknown", "api_key": "k"}}]})

@@ -218,7 +218,8 @@ def test_cloud_errors_are_normalised(status: int, body: str, expected: int) -> N
 def test_bedrock_model_routes(model: str, path: str) -> None:
     config = parse_config({"model_list": [{"model_name": "m", "litellm_params": {
         "model": model, "aws_region_name": "eu-west-1", "aws_access_key_id": "a",
-        "aws_secret_access_key": "s"}}]})
+        "aws_secret_access_key": "s", "input_cost_per_token": 1e-6,
+        "output_cost_per_token": 2e-6}}]})
     url = BedrockProvider._url(config.deployments[0], "converse")
     assert url == f"https://bedrock-runtime.eu-west-1.amazonaws.com{path}"
 
