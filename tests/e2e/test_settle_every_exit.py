@@ -258,3 +258,28 @@ async def test_an_exception_at_any_step_of_settlement_settles_the_rest(
     # The row is lost only when handing it to the writer itself failed.
     lost = step == "spend_log"
     await assert_settled(gateway, key, 0 if lost else 1, row_lost=lost)
+
+
+async def test_an_answer_dropped_before_it_is_sent_still_settles(
+    one_slot: tuple[Gateway, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A complete answer settles once its bytes are written. An error after the handler
+    returned it (here in the CORS step, once) drops it unsent: it settles all the same,
+    charged what the upstream did, and the key's one parallel slot is free again."""
+    gateway, key = one_slot
+    from triogate.api.asgi import GatewayASGI
+
+    original = GatewayASGI._cors
+    calls = {"n": 0}
+
+    def failing_once(self: GatewayASGI, request: Any) -> dict[str, str]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("an error after the handler returned")
+        return original(self, request)
+
+    monkeypatch.setattr(GatewayASGI, "_cors", failing_once)
+    with pytest.raises(httpx.HTTPError):  # the server answers 500 or drops the connection
+        response = await ask(gateway, key, "dropped before its send")
+        response.raise_for_status()
+    await assert_settled(gateway, key, 1)

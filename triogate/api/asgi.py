@@ -236,6 +236,10 @@ class GatewayASGI:
             response.headers.update(self._cors(request))
             await response.send(send, receive, head=head)
         finally:
+            # A settlement handed to a response that was never sent (an error after the
+            # handler returned it) runs here: no request leaves a reservation behind.
+            for settle in request.unsettled:
+                settle()
             request_id_var.reset(token)
 
     def _methods(self, path: str) -> list[str]:

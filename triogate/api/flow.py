@@ -270,7 +270,8 @@ class SettledAfter(Response):
                  admitted: Admission, outcome: settlement.Outcome) -> None:
         super().__init__(body, headers=headers)
         self._settle = (services, call, admitted, outcome)
-        admitted.handed_off = True  # ``send`` settles, and it always runs
+        admitted.handed_off = True  # ``send`` settles; if it never runs, the ASGI layer does
+        call.request.unsettled.append(self.settle)
 
     async def send(self, send: Send, receive: Receive, *, head: bool = False) -> None:
         try:

@@ -52,6 +52,11 @@ class Request:
         #: Redis waits spent on this request before admission (a caller's alias lookup).
         self.waits_before_admission = 0
         self.started_at = trio.current_time()
+        #: Settlements handed to a response that settles once it is sent
+        #: (``flow.SettledAfter``); the ASGI layer runs any still due when the request
+        #: ends, so a response dropped before its send (an error after the handler
+        #: returned) still settles. Each settles once whoever calls it.
+        self.unsettled: list[Callable[[], None]] = []
         #: Set once the caller's key has been checked (admission or auth_first).
         self.authenticated = False
         #: The body :meth:`json` parsed (a second call answers it: the body is read once).
