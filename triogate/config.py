@@ -289,6 +289,9 @@ class GovernanceSettings:
     default_max_output_tokens: int = attrs.field(default=1024, validator=_positive)
     #: Cap on the output tokens an estimate reserves, whatever max_tokens says.
     max_reserved_output_tokens: int = attrs.field(default=4096, validator=_positive)
+    #: Output a stream may bring when its request sets no max_tokens: past it (by a
+    #: quarter) the stream is ended, so a runaway upstream cannot bill without bound.
+    default_max_stream_output_tokens: int = attrs.field(default=16384, validator=_positive)
     #: How long a parallel-request slot or a reservation outlives a dead process.
     lease_s: float = attrs.field(default=600.0, validator=_positive)
     end_user_header: str = "x-end-user-id"

@@ -58,7 +58,8 @@ async def gateway(tmp_path: Path, redis: RespBackend, redis_url: str,
     config = gateway_config(
         tmp_path / "state", redis_url, hostile.url,
         router_settings={"num_retries": 0, "allowed_fails": 1000},
-        triogate={"governance": {"default_max_output_tokens": DEFAULT_OUTPUT}})
+        triogate={"governance": {"default_max_output_tokens": DEFAULT_OUTPUT,
+                                 "default_max_stream_output_tokens": DEFAULT_OUTPUT}})
     config = attrs.evolve(config, deployments=tuple(
         attrs.evolve(d, stream_timeout_s=STREAM_TIMEOUT_S) for d in config.deployments))
     with trio.fail_after(60):

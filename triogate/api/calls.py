@@ -145,8 +145,10 @@ _OUTPUT_NAMES = {"chat": ("max_tokens", "max_completion_tokens"),
 
 def stream_output_bound(services: Services, api: str, body: dict[str, Any]) -> int:
     """Output tokens a stream may bring at most: the request's own bound (``max_tokens``
-    and the like, else ``default_max_output_tokens``, the one its reservation assumed;
-    not capped by ``max_reserved_output_tokens``), times ``n``."""
+    and the like; not capped by ``max_reserved_output_tokens``), else
+    ``default_max_stream_output_tokens``, times ``n``. Not the reservation's
+    ``default_max_output_tokens``: that is an estimate, and a long answer its client
+    did not bound is no runaway."""
     settings = services.config.settings.governance
     requested = None
     for name in _OUTPUT_NAMES.get(api, ()):
@@ -155,7 +157,7 @@ def stream_output_bound(services: Services, api: str, body: dict[str, Any]) -> i
             requested = value if requested is None else max(requested, value)
     n = body.get("n")
     choices = n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_CHOICES else 1
-    return (requested or settings.default_max_output_tokens) * choices
+    return (requested or settings.default_max_stream_output_tokens) * choices
 
 
 def upstream_body(services: Services, group: str, body: dict[str, Any]) -> dict[str, Any]:
