@@ -173,7 +173,7 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
         routed = _guarded_route(services, call, admitted, attempt)
         result = await (_unless_gone(services, call, admitted, routed)
                         if services.config.settings.http.cancel_when_client_leaves
-                        else routed)
+                        and call.request.watch_disconnect else routed)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
     if guarding.wanted(services, call, "post_call"):

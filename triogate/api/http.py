@@ -57,6 +57,9 @@ class Request:
         #: ends, so a response dropped before its send (an error after the handler
         #: returned) still settles. Each settles once whoever calls it.
         self.unsettled: list[Callable[[], None]] = []
+        #: Whether the model flow may read ``receive`` to notice the client leaving (one
+        #: reader per connection: the parts of a multi-model call share their parent's).
+        self.watch_disconnect = True
         #: Set once the caller's key has been checked (admission or auth_first).
         self.authenticated = False
         #: The body :meth:`json` parsed (a second call answers it: the body is read once).

@@ -61,6 +61,7 @@ async def fan_out(services: Services, request: Request, body: dict[str, Any],
         sub = with_body(request, {**body, "model": name})
         sub.trace_id = new_request_id()  # its own request id, spend row and trace
         sub.authenticated = True
+        sub.watch_disconnect = False  # the parts run at once on one connection
         try:
             response = await handler(services, sub)
             parts.append(response)
