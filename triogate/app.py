@@ -150,7 +150,8 @@ async def open_gateway(
         backend: RespBackend | ClusterBackend | SentinelBackend
         if ClusterBackend.is_cluster_url(url):
             backend = ClusterBackend(url, name="redis", pool_size=settings.redis.pool_size,
-                                     command_timeout_s=settings.redis.timeout_s)
+                                     command_timeout_s=settings.redis.timeout_s,
+                                     wait_replicas=settings.redis.wait_replicas)
         elif SentinelBackend.is_sentinel_url(url):
             backend = SentinelBackend(url, name="redis", pool_size=settings.redis.pool_size,
                                       command_timeout_s=settings.redis.timeout_s,

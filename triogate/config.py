@@ -233,9 +233,10 @@ class RedisSettings:
     pool_size: int = attrs.field(default=64, validator=_positive)
     #: How long the embedded server (no ``url``) may not answer before liveness fails.
     liveness_grace_s: float = attrs.field(default=30.0, validator=_positive)
-    #: With Redis Sentinel: replicas that must acknowledge every pipeline's writes
-    #: (``WAIT``) before they count as done. 0: none (replication stays asynchronous, and
-    #: writes of the last moment before a failover can be lost with the old primary).
+    #: With Redis Sentinel or a Redis Cluster: replicas (of each node, on a cluster) that
+    #: must acknowledge every pipeline's writes (``WAIT``) before they count as done. 0:
+    #: none (replication stays asynchronous, and writes of the last moment before a
+    #: failover can be lost with the old primary).
     wait_replicas: int = attrs.field(default=0, validator=_non_negative)
 
 

@@ -29,7 +29,7 @@ import httpx
 import trio
 import yaml
 
-from triogate.batch import BackendUnavailable, RespBackend
+from triogate.batch import BackendUnavailable, ClusterBackend, RespBackend
 from triogate.governance.keys import PARALLEL, budget_keys, rate_window_key
 from triogate.store.records import hash_key
 
@@ -387,11 +387,16 @@ def spend_log_sums(database: Path | str) -> tuple[int, dict[tuple[str, str], int
 
 async def money_check(redis_url: str, database: Path | str, made: Principals) -> MoneyReport:
     """For every key, team and end user: Redis spend == sum of spend-log rows, nothing
-    reserved or held, no lease, no parallel slot. Read with the gateway's key builders."""
+    reserved or held, no lease, no parallel slot. Read with the gateway's key builders
+    (from a Redis Cluster's primaries when ``redis_url`` names one)."""
     rows, sums = await trio.to_thread.run_sync(spend_log_sums, database)
     principals = ([("key", h) for h in made.key_hashes] + [("team", t) for t in made.teams]
                   + [("end_user", u) for u in made.end_users])
-    backend = RespBackend(redis_url, command_timeout_s=5)
+    backend: RespBackend | ClusterBackend
+    if ClusterBackend.is_cluster_url(redis_url):
+        backend = ClusterBackend(redis_url, command_timeout_s=5)
+    else:
+        backend = RespBackend(redis_url, command_timeout_s=5)
     discrepancies: list[str] = []
     total = 0
     try:

@@ -25,6 +25,7 @@ Errors: :class:`BatchError` ├ :class:`BackendUnavailable` ├ :class:`CommandE
 
 from ._backend import Backend as Backend
 from ._backend import RedisAddress as RedisAddress
+from ._backend import TlsOptions as TlsOptions
 from ._backend import redact_url as redact_url
 from ._cluster import ClusterBackend as ClusterBackend
 from ._cluster import ClusterStatistics as ClusterStatistics
@@ -97,6 +98,7 @@ __all__ = (
     "Settler",
     "SettlerStatistics",
     "Subscription",
+    "TlsOptions",
     "TraceSummary",
     "Tracer",
     "open_batch_scope",

@@ -21,7 +21,17 @@ only, everyone else's replies are already in hand), at most ``max_redirects`` ti
 
 Failures: a node that fails as a whole (refused, reset, timed out) fails only its own
 commands, each with its own :class:`BackendUnavailable`; if no node answered at all,
-``execute`` raises :class:`BackendUnavailable`, as a single server would.
+``execute`` raises :class:`BackendUnavailable`, as a single server would. A failed node
+pipeline is never re-sent (the node may have executed it): the settler's journal replays
+the writes, idempotently, to whoever owns the slots next.
+
+Failover: when a primary dies its commands fail (connection refused, at once) and the map
+is marked stale, so the next round refreshes it alongside. Until the cluster promotes a
+replica (``cluster-node-timeout`` and an election) the map still names the dead node and
+its slots stay unavailable; the first refresh after the promotion names the replica.
+Replication is asynchronous: with ``wait_replicas`` each node pipeline ends with
+``WAIT n``, and fewer acknowledgements fail it, so that no write the gateway counts as
+done lives on one node only.
 
 The slot map comes from ``CLUSTER SLOTS``. The first ``execute`` waits for it; later
 refreshes (after a MOVED or a node failure, at most once per ``min_refresh_interval_s``)
@@ -38,7 +48,7 @@ import logging
 import math
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, final
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import trio
@@ -46,7 +56,7 @@ import trio
 from ._backend import RedisAddress, redact_url
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
-from ._resp import RespBackend
+from ._resp import RespBackend, TlsContext
 from ._slots import SLOTS, Spread, command_name, command_slot, key_slot
 
 if TYPE_CHECKING:
@@ -143,13 +153,8 @@ def _split(address: str) -> tuple[str, int]:
 
 
 def _node_url(template: RedisAddress, address: str) -> str:
-    """A node's URL, with the seeds' scheme and credentials."""
-    host, port = _split(address)
-    auth = quote(template.username or "", safe="")
-    if template.password is not None:
-        auth += ":" + quote(template.password, safe="")
-    netloc = f"{auth + '@' if auth else ''}{f'[{host}]' if ':' in host else host}:{port}"
-    return f"{'rediss' if template.tls else 'redis'}://{netloc}"
+    """A node's URL, with the seeds' scheme, TLS options and credentials."""
+    return template.url_for(*_split(address), db=0)
 
 
 def _redirect(reply: object, replied_by: str) -> tuple[bool, int, str] | None:
@@ -219,6 +224,9 @@ class ClusterBackend:
             Tests pass fakes or wrappers here.
         fuse_scripts: fuse the script calls of a round whose keys share a slot into one
             ``EVALSHA`` (``_fusion.py``); False sends one ``EVALSHA`` per call.
+        wait_replicas: replicas of a node that must acknowledge each node pipeline
+            (``WAIT n`` at its end, within half of ``command_timeout_s``); a pipeline
+            fewer acknowledged fails as a whole, like a node that did not answer. 0: none.
 
     Raises:
         ValueError: the seeds cannot be parsed (see :func:`cluster_seeds`).
@@ -236,10 +244,16 @@ class ClusterBackend:
         min_refresh_interval_s: float = 1.0,
         node_backend: Callable[[str, str], NodeBackend] | None = None,
         fuse_scripts: bool = True,
+        wait_replicas: int = 0,
     ) -> None:
         seeds = cluster_seeds(url_or_seeds)
+        self._wait_replicas = wait_replicas
+        self._wait: Wire | None = None
+        if wait_replicas:
+            self._wait = ("WAIT", wait_replicas, max(1, int(command_timeout_s * 500)))
         self._fuser = Fuser(per_slot=True) if fuse_scripts else None
         self._template = seeds[0]
+        self._tls = TlsContext(seeds[0].tls_options) if seeds[0].tls else None
         self._seeds = tuple(f"{s.host}:{s.port}" for s in seeds)
         shown = [url_or_seeds] if isinstance(url_or_seeds, str) else list(url_or_seeds)
         self._url = ",".join(redact_url(u) for u in shown)
@@ -300,7 +314,8 @@ class ClusterBackend:
 
     def _resp_node(self, url: str, name: str) -> NodeBackend:
         return RespBackend(url, name=name, pool_size=self._pool_size,
-                           command_timeout_s=self._timeout_s, max_idle_s=self._max_idle_s)
+                           command_timeout_s=self._timeout_s, max_idle_s=self._max_idle_s,
+                           tls=self._tls)
 
     def _node(self, address: str) -> NodeBackend:
         node = self._nodes.get(address)
@@ -471,6 +486,8 @@ class ClusterBackend:
             if e.asking:
                 wires.append(_ASKING)
             wires.append(e.wire)
+        if self._wait is not None:
+            wires.append(self._wait)
         self._node_pipelines += 1
         try:
             replies = await self._node(address).execute(wires)
@@ -482,6 +499,17 @@ class ClusterBackend:
             self._stale = True
             return exc
         self._suspect.discard(address)
+        if self._wait is not None:
+            del wires[-1]
+            acked = replies.pop()
+            # A node that redirected everything wrote nothing (a replica refuses WAIT).
+            moved_all = all(_redirect(r, address) for r in replies)
+            if not moved_all and (not isinstance(acked, int) or acked < self._wait_replicas):
+                # A replica is missing or lagging; perhaps a failover is under way.
+                self._failures += 1
+                self._stale = True
+                return BackendUnavailable(
+                    address, f"{acked!r} of {self._wait_replicas} replicas acknowledged")
         if len(wires) == len(entries):
             return replies
         out: list[object] = []
@@ -546,7 +574,9 @@ class ClusterBackend:
         self._primaries = tuple(dict.fromkeys(a for _, _, a in sorted(ranges)))
         self._epoch += 1
         self._refreshes += 1
-        self._stale = False
+        # A map that still names a node that failed (a dead primary not yet replaced) is
+        # asked for again at the next round, until a replica is promoted in its place.
+        self._stale = any(a in self._suspect for a in self._primaries)
         # Clients of nodes that are no longer primaries (failed over, removed, or a seed
         # known by another name) are closed; pipelines in flight on them still finish.
         for address in [a for a in self._nodes if a not in self._primaries]:
