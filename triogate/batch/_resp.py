@@ -300,7 +300,7 @@ class RespBackend:
             pass
         except _DISCONNECTED as exc:
             self._failures += 1
-            raise BackendUnavailable(self._name, f"{type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(self._name, _reason(exc)) from exc
         except hiredis.ProtocolError as exc:
             self._failures += 1
             raise BackendUnavailable(self._name, f"protocol error: {exc}") from exc
@@ -509,6 +509,16 @@ async def _open_stream(address: RedisAddress, tls: TlsContext | None) -> trio.ab
         await stream.do_handshake()
         return stream
     return await trio.open_tcp_stream(address.host, address.port)
+
+
+def _reason(exc: BaseException) -> str:
+    """``Type: message`` of a lost connection, with the cause trio wraps (a refused TLS
+    handshake is a ``BrokenResourceError`` from an ``SSLError``)."""
+    reason = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    if cause is not None and isinstance(exc, trio.BrokenResourceError):
+        reason += f"({type(cause).__name__}: {cause})"
+    return reason
 
 
 def _setup_commands(address: RedisAddress) -> list[Wire]:
