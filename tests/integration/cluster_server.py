@@ -356,26 +356,31 @@ class LocalCluster:
         return {port: ports.get(pid) if pid else None for port, pid in primary_ids.items()}
 
     def primaries(self) -> list[int]:
-        """Ports of the nodes that are primaries now (dead ones included until failed over)."""
-        return sorted(p for p, of in self.roles().items() if of is None)
+        """Ports of the running nodes that say they are primaries (``ROLE``)."""
+        out = []
+        for port in self.alive():
+            role = self.command(port, "ROLE")
+            if isinstance(role, list) and role[0] == b"master":
+                out.append(port)
+        return sorted(out)
 
     def replicas_of(self, primary: int) -> list[int]:
         return sorted(p for p, of in self.roles().items() if of == primary)
 
     def wait_replicated(self, timeout_s: float = _JOIN_TIMEOUT_S) -> None:
-        """Wait until every alive replica's link to its primary is up."""
+        """Wait until every running primary has its replicas attached (``ROLE`` lists
+        them), so that ``WAIT`` can be acknowledged from the first pipeline on."""
         deadline = time.monotonic() + timeout_s
         while True:
-            replicas = [p for p, of in self.roles().items() if of is not None
-                        and p in self.alive()]
             try:
-                if all(b"master_link_status:up" in _bytes(self.command(p, "INFO", "replication"))
-                       for p in replicas):
+                roles = [self.command(p, "ROLE") for p in self.alive()]
+                primaries = [r for r in roles if isinstance(r, list) and r[0] == b"master"]
+                if primaries and all(len(r[2]) >= self._replicas for r in primaries):
                     return
-            except OSError:
+            except (OSError, RuntimeError):
                 pass
             if time.monotonic() > deadline:
-                raise ClusterUnavailable(f"replicas not in sync within {timeout_s} s")
+                raise ClusterUnavailable(f"replicas not attached within {timeout_s} s")
             time.sleep(0.05)
 
     def wait_replica_of(self, port: int, primary: int,
