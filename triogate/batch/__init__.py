@@ -29,6 +29,7 @@ from ._backend import TlsOptions as TlsOptions
 from ._backend import redact_url as redact_url
 from ._cluster import ClusterBackend as ClusterBackend
 from ._cluster import ClusterStatistics as ClusterStatistics
+from ._cluster import cluster_seeds as cluster_seeds
 from ._command import Command as Command
 from ._deadletter import DeadLetter as DeadLetter
 from ._deadletter import DeadLetterFile as DeadLetterFile
@@ -101,6 +102,7 @@ __all__ = (
     "TlsOptions",
     "TraceSummary",
     "Tracer",
+    "cluster_seeds",
     "open_batch_scope",
     "open_post_call_batch",
     "post_call_batch",
