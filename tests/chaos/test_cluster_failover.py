@@ -112,6 +112,7 @@ async def test_money_is_exact_through_a_cluster_primary_killed(tmp_path: Path) -
                     await trio.sleep(2.0)
                     stop.set()
                 bodies = [await g.wait_settled(timeout_s=60) for g in gateways]
+                metrics = [await g.metrics() for g in gateways]
                 codes = [await g.stop() for g in gateways]
                 report = await money_check(cluster.cluster_url, database, made)
     finally:
@@ -128,8 +129,15 @@ async def test_money_is_exact_through_a_cluster_primary_killed(tmp_path: Path) -
     print(f"spend-log rows {report.rows}, spend {report.spend_nanousd} nano-USD, "
           f"discrepancies {len(report.discrepancies)}, keys' spend missing in Redis "
           f"{-lost} nano-USD ({-lost / max(report.spend_nanousd, 1):.2%} of the spend)")
+    degraded = sum(float(line.rsplit(" ", 1)[1]) for text in metrics
+                   for line in text.splitlines()
+                   if line.startswith("triogate_degraded_decisions_total"))
+    print(f"decisions taken without Redis (fail-open) during the faults: {degraded:.0f}")
     for line in report.discrepancies:
         print("  " + line)
+    assert degraded > 0  # the faults did reach requests
+    for text in metrics:
+        assert "triogate_dead_letters 0.0" in text
     assert codes == [0, 0]
     assert stats.transport_errors == 0 and answered == stats.sent
     assert report.rows == answered
