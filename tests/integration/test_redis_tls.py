@@ -5,7 +5,8 @@ The servers listen on a TLS port only, with certificates of a private CA the tes
 through ``?ssl_ca_certs=``; a cluster's nodes and a sentinel's primary inherit the TLS
 options and the credentials of the URL. Refusals (an unknown CA, a wrong password, no
 client certificate where one is required, plain TCP to a TLS port) are
-:class:`BackendUnavailable` with a reason that never shows the password.
+:class:`BackendUnavailable` with a reason that never shows the password. A replica
+promoted after its primary died is reached over TLS as the user, though no seed named it.
 """
 
 from __future__ import annotations
@@ -125,6 +126,22 @@ async def test_one_server_over_tls_as_an_acl_user(tls_server: TlsServer) -> None
     assert await roundtrip(tls_server.url()) == [b"OK", b"v", b"app"]
 
 
+async def test_a_tls_connection_is_reused_not_made_again(tls_server: TlsServer) -> None:
+    # Bytes a TLS server sends on its own (session tickets) must not make an idle
+    # connection look closed: one handshake serves every pipeline.
+    backend = RespBackend(tls_server.url(), command_timeout_s=TIMEOUT_S)
+    try:
+        with trio.fail_after(20):
+            for i in range(30):
+                assert await backend.execute([("INCR", "tls-reuse"), ("PING",)]) == [
+                    i + 1, b"PONG"]
+        stats = backend.statistics()
+        assert (stats.connections_open, stats.stale_discarded, stats.stale_retries) == (
+            1, 0, 0)
+    finally:
+        await backend.aclose()
+
+
 async def test_no_certificate_check_still_encrypts(tls_server: TlsServer) -> None:
     url = tls_server.url(ssl_ca_certs="", ssl_cert_reqs="none")
     assert await roundtrip(url) == [b"OK", b"v", b"app"]
@@ -239,3 +256,55 @@ async def test_sentinel_over_tls_follows_a_failover_with_the_credentials(
 def test_a_plain_client_cannot_reach_the_tls_sentinel(tls_pair: LocalSentinel) -> None:
     assert not answers(tls_pair.sentinel)
     assert answers(tls_pair.sentinel, tls_pair.security)
+
+
+async def test_a_promoted_replica_is_reached_over_tls_as_the_user(
+    security: Security, tmp_path: Path,
+) -> None:
+    try:
+        cluster = await trio.to_thread.run_sync(lambda: LocalCluster(
+            tmp_path / "cluster", replicas=1, node_timeout_ms=1000, security=security))
+    except ClusterUnavailable as exc:
+        pytest.skip(f"cannot run a TLS Redis Cluster: {exc}")
+    backend: ClusterBackend | None = None
+    try:
+        primaries = await trio.to_thread.run_sync(cluster.primaries)
+        victim, seed = primaries[0], primaries[1]
+        # One seed that survives: the promoted replica is known from the slot map only.
+        url = cluster.cluster_url.replace(",".join(f"127.0.0.1:{p}" for p in cluster.ports),
+                                          f"127.0.0.1:{seed}")
+        backend = ClusterBackend(url, command_timeout_s=1.0, min_refresh_interval_s=0.2,
+                                 wait_replicas=1)
+        await backend.execute([("PING",)])  # the slot map
+        key = next(f"k{i}" for i in range(10_000)
+                   if backend.node_of(f"k{i}") == f"127.0.0.1:{victim}")
+        assert await backend.execute([("SET", key, "before")]) == [b"OK"]
+        await trio.to_thread.run_sync(cluster.kill, victim)
+        promoted = await trio.to_thread.run_sync(cluster.wait_promoted, victim)
+        with trio.fail_after(30):
+            # The promoted replica answers (over TLS, as the user) but has no replica of
+            # its own: with WAIT 1 nothing it does counts until the dead node is back.
+            while True:
+                try:
+                    await backend.execute([("GET", key)])
+                except BackendUnavailable as exc:
+                    if "0 of 1 replicas acknowledged" in exc.reason:
+                        break
+                await trio.sleep(0.1)
+        assert backend.node_of(key) == f"127.0.0.1:{promoted}"
+        await trio.to_thread.run_sync(cluster.restart, victim)
+        await trio.to_thread.run_sync(cluster.wait_replica_of, victim, promoted)
+        with trio.fail_after(30):
+            while True:
+                try:
+                    (reply,) = await backend.execute([("GET", key)])
+                    break
+                except BackendUnavailable:
+                    await trio.sleep(0.1)
+        # Acknowledged by the replica before the kill (WAIT 1): it survived.
+        assert reply == b"before"
+    finally:
+        if backend is not None:
+            await backend.aclose()
+        await trio.to_thread.run_sync(cluster.stop)
+

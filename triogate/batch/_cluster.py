@@ -364,7 +364,10 @@ class ClusterBackend:
         if not tried:
             await trio.lowlevel.checkpoint()  # every command was refused without sending
         elif not answered:
-            raise BackendUnavailable(self._name, "no cluster node answered")
+            reasons = dict.fromkeys(r.reason for r in replies
+                                    if isinstance(r, BackendUnavailable))
+            raise BackendUnavailable(self._name, "no cluster node answered: "
+                                     + "; ".join(list(reasons)[:3]))
         for i, per_node in spread.items():
             replies[i] = self._merge(commands[i], [per_node[a] for a in primaries])
         return replies
