@@ -35,13 +35,17 @@ from triogate.batch import (
     DeadLetterFile,
     Journal,
     MemoryTracer,
+    RedisAddress,
     RespBackend,
     Script,
+    SentinelAddress,
     SentinelBackend,
     Settler,
+    cluster_seeds,
     redact_url,
 )
 from triogate.cache.response import ResponseCache
+from triogate.errors import ConfigError
 from triogate.governance import budgets
 from triogate.governance.alerts import Alerts
 from triogate.governance.facts import CheckSettings
@@ -86,6 +90,25 @@ LUA_SCRIPTS = _read_lua_scripts()
 def lua_scripts() -> list[Script]:
     """Every script in ``triogate/lua``: the registry a journal replay resolves names in."""
     return list(LUA_SCRIPTS)
+
+
+def check_redis_url(url: str | None) -> None:
+    """Parse ``triogate.redis.url`` as the backend will (any mode), before anything starts.
+
+    Raises:
+        ConfigError: the URL cannot be used, with the reason (the password redacted).
+    """
+    if url is None:
+        return
+    try:
+        if ClusterBackend.is_cluster_url(url):
+            cluster_seeds(url)
+        elif SentinelBackend.is_sentinel_url(url):
+            SentinelAddress.from_url(url)
+        else:
+            RedisAddress.from_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"triogate.redis.url {redact_url(url)}: {exc}") from None
 
 
 async def load_scripts(backend: RespBackend | ClusterBackend | SentinelBackend) -> int:

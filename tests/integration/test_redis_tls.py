@@ -279,6 +279,8 @@ async def test_a_promoted_replica_is_reached_over_tls_as_the_user(
         key = next(f"k{i}" for i in range(10_000)
                    if backend.node_of(f"k{i}") == f"127.0.0.1:{victim}")
         assert await backend.execute([("SET", key, "before")]) == [b"OK"]
+        (sha,) = await backend.execute([("SCRIPT", "LOAD", "return 7")])
+        assert isinstance(sha, bytes)
         await trio.to_thread.run_sync(cluster.kill, victim)
         promoted = await trio.to_thread.run_sync(cluster.wait_promoted, victim)
         with trio.fail_after(30):
@@ -292,6 +294,9 @@ async def test_a_promoted_replica_is_reached_over_tls_as_the_user(
                         break
                 await trio.sleep(0.1)
         assert backend.node_of(key) == f"127.0.0.1:{promoted}"
+        # The script cache is not replicated: the backend loaded it on the new primary.
+        assert await trio.to_thread.run_sync(
+            cluster.command, promoted, "SCRIPT", "EXISTS", sha) == [1]
         await trio.to_thread.run_sync(cluster.restart, victim)
         await trio.to_thread.run_sync(cluster.wait_replica_of, victim, promoted)
         with trio.fail_after(30):

@@ -29,7 +29,7 @@ from ._backend import TlsOptions as TlsOptions
 from ._backend import redact_url as redact_url
 from ._cluster import ClusterBackend as ClusterBackend
 from ._cluster import ClusterStatistics as ClusterStatistics
-from ._cluster import cluster_seeds as cluster_seeds
+from ._cluster_map import cluster_seeds as cluster_seeds
 from ._command import Command as Command
 from ._deadletter import DeadLetter as DeadLetter
 from ._deadletter import DeadLetterFile as DeadLetterFile

@@ -48,12 +48,21 @@ import logging
 import math
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import attrs
 import trio
 
-from ._backend import RedisAddress, redact_url
+from ._backend import redact_url
+from ._cluster_map import (
+    CLUSTER_SCHEMES,
+    MAX_REMEMBERED_SCRIPTS,
+    cluster_seeds,
+    is_script_load,
+    node_url,
+    parse_slots,
+    redirect_of,
+)
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
 from ._resp import RespBackend, TlsContext
@@ -69,7 +78,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("triogate.batch")
 
-_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _ASKING: Wire = ("ASKING",)
 _CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
 
@@ -116,78 +124,6 @@ class ClusterStatistics:
     node_pipelines: int
     redirects: int
     slot_map_refreshes: int
-
-
-def cluster_seeds(url_or_seeds: str | Sequence[str]) -> tuple[RedisAddress, ...]:
-    """Parse seed nodes: ``redis+cluster://[user:pw@]h1:p1,h2:p2`` (or ``rediss+cluster``),
-    one ``redis://``/``rediss://`` URL, or a sequence of them.
-
-    Raises:
-        ValueError: no seed, a unix socket, or a database other than 0 (a cluster has one).
-    """
-    if isinstance(url_or_seeds, str):
-        parts = urlsplit(url_or_seeds)
-        base = _CLUSTER_SCHEMES.get(parts.scheme)
-        if base is None:
-            urls = [url_or_seeds]
-        else:
-            userinfo, at, hosts = parts.netloc.rpartition("@")
-            urls = [urlunsplit((base, f"{userinfo}{at}{h}", parts.path, parts.query, ""))
-                    for h in hosts.split(",") if h]
-    else:
-        urls = list(url_or_seeds)
-    seeds = tuple(RedisAddress.from_url(u) for u in urls)
-    if not seeds:
-        raise ValueError("a Redis Cluster needs at least one seed node")
-    for url, seed in zip(urls, seeds, strict=True):
-        if seed.unix_path is not None:
-            raise ValueError(f"a cluster node needs host:port, not a socket: {redact_url(url)}")
-        if seed.db:
-            raise ValueError(f"a Redis Cluster has only database 0: {redact_url(url)}")
-    return seeds
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _node_url(template: RedisAddress, address: str) -> str:
-    """A node's URL, with the seeds' scheme, TLS options and credentials."""
-    return template.url_for(*_split(address), db=0)
-
-
-def _redirect(reply: object, replied_by: str) -> tuple[bool, int, str] | None:
-    """``(ask, slot, address)`` of a ``MOVED``/``ASK`` error reply, else None."""
-    if not isinstance(reply, CommandError):
-        return None
-    kind, _, rest = reply.reply.partition(" ")
-    if kind not in ("MOVED", "ASK"):
-        return None
-    slot, _, endpoint = rest.partition(" ")
-    host, _, port = endpoint.rpartition(":")
-    if not slot.isdigit() or not port.isdigit():
-        return None
-    # An empty host means "the host you asked" (cluster-preferred-endpoint-type unknown).
-    host = host or _split(replied_by)[0]
-    return kind == "ASK", int(slot), f"{host}:{port}"
-
-
-def _parse_slots(reply: object, asked: str) -> list[tuple[int, int, str]]:
-    """``CLUSTER SLOTS`` → ``[(first, last, primary address), ...]``.
-
-    Raises:
-        ValueError: the reply is not a slot table.
-    """
-    if not isinstance(reply, list) or not reply:
-        raise ValueError(f"not a slot table: {reply!r:.200}")
-    ranges = []
-    for entry in reply:
-        first, last, primary = entry[0], entry[1], entry[2]
-        raw_host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-        host = _split(asked)[0] if raw_host in ("", "?") else raw_host
-        ranges.append((int(first), int(last), f"{host}:{int(primary[1])}"))
-    return ranges
 
 
 @attrs.frozen
@@ -279,11 +215,15 @@ class ClusterBackend:
         self._node_pipelines = 0
         self._redirects = 0
         self._refreshes = 0
+        #: ``SCRIPT LOAD`` commands sent to every primary, by script: sent again to a
+        #: node that becomes a primary (a promoted replica has no scripts: the script
+        #: cache is not replicated), so its first rounds need no NOSCRIPT fallback.
+        self._scripts: dict[object, Wire] = {}
 
     @staticmethod
     def is_cluster_url(url: str) -> bool:
         """Whether ``url`` names a cluster (``redis+cluster://`` or ``rediss+cluster://``)."""
-        return urlsplit(url).scheme in _CLUSTER_SCHEMES
+        return urlsplit(url).scheme in CLUSTER_SCHEMES
 
     @property
     def name(self) -> str:
@@ -321,7 +261,7 @@ class ClusterBackend:
         node = self._nodes.get(address)
         if node is None:
             node = self._nodes[address] = self._factory(
-                _node_url(self._template, address), f"{self._name}@{address}")
+                node_url(self._template, address), f"{self._name}@{address}")
         return node
 
     # ------------------------------------------------------------------ execute
@@ -396,7 +336,7 @@ class ClusterBackend:
                 continue
             answered = True
             for e, reply in zip(entries, result, strict=True):
-                moved = _redirect(reply, address) if follow and not e.broadcast else None
+                moved = redirect_of(reply, address) if follow and not e.broadcast else None
                 if e.broadcast:
                     spread[e.index][address] = reply
                 elif moved is None:
@@ -425,6 +365,8 @@ class ClusterBackend:
                                           "cluster backend (commands are regrouped by node)")
             elif slot is Spread.ALL:
                 everywhere.append(i)
+                if is_script_load(wire) and len(self._scripts) < MAX_REMEMBERED_SCRIPTS:
+                    self._scripts[wire[2]] = wire
                 for address in self._primaries:
                     groups.setdefault(address, []).append(_Entry(i, wire, broadcast=True))
             elif slot is Spread.ANY:
@@ -506,7 +448,7 @@ class ClusterBackend:
             del wires[-1]
             acked = replies.pop()
             # A node that redirected everything wrote nothing (a replica refuses WAIT).
-            moved_all = all(_redirect(r, address) for r in replies)
+            moved_all = all(redirect_of(r, address) for r in replies)
             if not moved_all and (not isinstance(acked, int) or acked < self._wait_replicas):
                 # A replica is missing or lagging; perhaps a failover is under way.
                 self._failures += 1
@@ -557,7 +499,7 @@ class ClusterBackend:
             for address in order:
                 try:
                     (reply,) = await self._node(address).execute([("CLUSTER", "SLOTS")])
-                    ranges = _parse_slots(reply, address)
+                    ranges = parse_slots(reply, address)
                 except BackendUnavailable as exc:
                     self._suspect.add(address)
                     reasons.append(f"{address}: {exc.reason}")
@@ -574,7 +516,8 @@ class ClusterBackend:
         for first, last, address in ranges:
             table[first : last + 1] = [address] * (last - first + 1)
         self._slots = table
-        self._primaries = tuple(dict.fromkeys(a for _, _, a in sorted(ranges)))
+        previous, self._primaries = self._primaries, tuple(
+            dict.fromkeys(a for _, _, a in sorted(ranges)))
         self._epoch += 1
         self._refreshes += 1
         # A map that still names a node that failed (a dead primary not yet replaced) is
@@ -584,6 +527,18 @@ class ClusterBackend:
         # known by another name) are closed; pipelines in flight on them still finish.
         for address in [a for a in self._nodes if a not in self._primaries]:
             await self._nodes.pop(address).aclose()
+        if previous and self._scripts:
+            for address in [a for a in self._primaries if a not in previous]:
+                await self._load_scripts(address)
+
+    async def _load_scripts(self, address: str) -> None:
+        """Send the remembered ``SCRIPT LOAD`` commands to a new primary (best effort: a
+        NOSCRIPT later still falls back to EVAL)."""
+        try:
+            await self._node(address).execute(list(self._scripts.values()))
+        except BackendUnavailable as exc:
+            logger.warning("cluster %s: could not load scripts on new primary %s: %s",
+                           self._name, address, exc.reason)
 
     # ------------------------------------------------------------------ the rest
 

@@ -48,6 +48,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         ConfigError: bad config, or an unsafe master key on a public address.
     """
     config = load(args.config, environ)
+    from triogate.app import check_redis_url
+
     check_redis_url(config.settings.redis.url)
     if config.master_key is None:
         logger.warning("no master_key configured: every request is accepted without a key")
@@ -68,34 +70,6 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     trio.run(partial(serve, config, host=args.host, port=args.port, listen_fd=args.listen_fd))
     return 0
-
-
-def check_redis_url(url: str | None) -> None:
-    """Parse ``triogate.redis.url`` as the backend will (any mode), before anything starts.
-
-    Raises:
-        ConfigError: the URL cannot be used, with the reason (the password redacted).
-    """
-    if url is None:
-        return
-    from triogate.batch import (
-        ClusterBackend,
-        RedisAddress,
-        SentinelAddress,
-        SentinelBackend,
-        cluster_seeds,
-        redact_url,
-    )
-
-    try:
-        if ClusterBackend.is_cluster_url(url):
-            cluster_seeds(url)
-        elif SentinelBackend.is_sentinel_url(url):
-            SentinelAddress.from_url(url)
-        else:
-            RedisAddress.from_url(url)
-    except ValueError as exc:
-        raise ConfigError(f"triogate.redis.url {redact_url(url)}: {exc}") from None
 
 
 def _supervise(args: argparse.Namespace, config: GatewayConfig,

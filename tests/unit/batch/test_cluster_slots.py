@@ -22,7 +22,7 @@ from triogate.batch import (
     Script,
     open_batch_scope,
 )
-from triogate.batch._cluster import cluster_seeds
+from triogate.batch._cluster_map import cluster_seeds
 from triogate.batch._slots import (
     SLOTS,
     Spread,
@@ -475,6 +475,31 @@ async def test_a_dead_primary_is_replaced_by_the_map_refreshed_after_its_failure
     assert fake.nodes[n4].data[key.encode()] == b"2"
     assert backend.nodes == (N1, n4, N3)
     assert fake.nodes[N2].closed == 1  # the dead node's client is closed
+
+
+async def test_a_new_primary_gets_the_scripts_loaded_on_every_primary(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeCluster()
+    n4 = "n4:4"
+    fake.nodes[n4] = FakeNode(fake, n4, 0.0, True)
+    backend = await warmed(fake, min_refresh_interval_s=1.0)
+    await backend.execute([("SCRIPT", "LOAD", "return 1"), ("SCRIPT", "LOAD", "return 2"),
+                           ("SCRIPT", "LOAD", "return 1")])
+    # N2 dies and its replica n4 is promoted: the next map names n4, which gets the
+    # scripts (a promoted replica has none: the script cache is not replicated).
+    fake.nodes[N2].faulty.down = True
+    with pytest.raises(BackendUnavailable):
+        await backend.execute([("GET", fake.key_on(N2))])
+    first, last = RANGES[N2]
+    fake.owner[first : last + 1] = [n4] * (last - first + 1)
+    await trio.sleep(1.0)
+    await backend.execute([("GET", fake.key_on(N1))])
+    assert fake.nodes[n4].pipelines == [[("SCRIPT", "LOAD", "return 1"),
+                                          ("SCRIPT", "LOAD", "return 2")]]
+    # The old primaries are not sent them again.
+    assert all(("SCRIPT", "LOAD", "return 1") not in pipeline
+               for pipeline in fake.nodes[N3].pipelines[1:])
 
 
 async def test_wait_replicas_ends_each_node_pipeline_with_wait(

@@ -10,7 +10,7 @@ import pytest
 import trustme
 
 from triogate.batch import RedisAddress, SentinelAddress, TlsOptions, redact_url
-from triogate.batch._cluster import _node_url, cluster_seeds
+from triogate.batch._cluster_map import cluster_seeds, node_url
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -44,12 +44,12 @@ def test_tls_parameters_that_cannot_work_are_refused(url: str, message: str) -> 
 def test_a_cluster_node_inherits_tls_options_and_credentials() -> None:
     (seed,) = cluster_seeds("rediss+cluster://app:p%40ss@10.0.0.1:7000"
                             "?ssl_ca_certs=/etc/ca%20dir/ca.pem&ssl_cert_reqs=none")
-    node = RedisAddress.from_url(_node_url(seed, "10.0.0.7:7005"))
+    node = RedisAddress.from_url(node_url(seed, "10.0.0.7:7005"))
     assert (node.host, node.port, node.tls) == ("10.0.0.7", 7005, True)
     assert (node.username, node.password) == ("app", "p@ss")
     assert node.tls_options == seed.tls_options
     assert node.tls_options.ca_file == "/etc/ca dir/ca.pem"
-    plain = RedisAddress.from_url(_node_url(cluster_seeds("redis+cluster://:pw@h:1")[0], "[::1]:2"))
+    plain = RedisAddress.from_url(node_url(cluster_seeds("redis+cluster://:pw@h:1")[0], "[::1]:2"))
     assert (plain.host, plain.port, plain.tls, plain.password) == ("::1", 2, False, "pw")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from triogate.cli.serve import check_redis_url
+from triogate.app import check_redis_url
 from triogate.config import load_config, parse_config
 from triogate.errors import ConfigError
 
