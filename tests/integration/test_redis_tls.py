@@ -313,3 +313,25 @@ async def test_a_promoted_replica_is_reached_over_tls_as_the_user(
             await backend.aclose()
         await trio.to_thread.run_sync(cluster.stop)
 
+
+
+async def test_sentinel_announcements_arrive_over_tls_as_the_user(
+    tls_pair: LocalSentinel,
+) -> None:
+    backend = SentinelBackend(tls_pair.url, command_timeout_s=2.0)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.watch)
+            with trio.fail_after(10):
+                assert await backend.execute([("SET", "k", "v")]) == [b"OK"]
+            # A planned failover: the old primary lives on, so only the sentinel's
+            # +switch-master (a subscription over TLS, as the sentinels' user) tells.
+            await trio.to_thread.run_sync(tls_pair.failover)
+            promoted = await trio.to_thread.run_sync(tls_pair.wait_failover)
+            with trio.fail_after(30):
+                while backend.primary != ("127.0.0.1", promoted):
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert backend.switches == 1
+    finally:
+        await backend.aclose()
