@@ -224,8 +224,10 @@ class RespBackend:
         tls: TlsContext | None = None,
     ) -> None:
         self._address = RedisAddress.from_url(url)
-        self._tls = tls if tls is not None or not self._address.tls else TlsContext(
-            self._address.tls_options)
+        #: The SSL context of a ``rediss://`` URL (None: plain TCP or a unix socket).
+        self._tls: TlsContext | None = None
+        if self._address.tls:
+            self._tls = tls if tls is not None else TlsContext(self._address.tls_options)
         self._fuser = Fuser() if fuse_scripts else None
         self._max_idle_s = max_idle_s
         self._stale = 0
