@@ -35,10 +35,13 @@ from triogate.batch import (
     DeadLetterFile,
     Journal,
     MemoryTracer,
+    RedisAddress,
     RespBackend,
     Script,
+    SentinelAddress,
     SentinelBackend,
     Settler,
+    cluster_seeds,
     redact_url,
 )
 from triogate.cache.response import ResponseCache
@@ -93,6 +96,25 @@ LUA_SCRIPTS = _read_lua_scripts()
 def lua_scripts() -> list[Script]:
     """Every script in ``triogate/lua``: the registry a journal replay resolves names in."""
     return list(LUA_SCRIPTS)
+
+
+def check_redis_url(url: str | None) -> None:
+    """Parse ``triogate.redis.url`` as the backend will (any mode), before anything starts.
+
+    Raises:
+        ConfigError: the URL cannot be used, with the reason (the password redacted).
+    """
+    if url is None:
+        return
+    try:
+        if ClusterBackend.is_cluster_url(url):
+            cluster_seeds(url)
+        elif SentinelBackend.is_sentinel_url(url):
+            SentinelAddress.from_url(url)
+        else:
+            RedisAddress.from_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"triogate.redis.url {redact_url(url)}: {exc}") from None
 
 
 async def load_scripts(backend: RespBackend | ClusterBackend | SentinelBackend) -> int:
@@ -154,8 +176,9 @@ def prepare_process(config: GatewayConfig, host: str | None) -> None:
     open gateway, refuse an unsafe bind (``host``, when known), raise the open-files limit.
 
     Raises:
-        ConfigError: see :func:`check_bind`.
+        ConfigError: see :func:`check_bind` and :func:`check_redis_url`.
     """
+    check_redis_url(config.settings.redis.url)
     if config.master_key is None:
         logger.warning("no master_key configured: every request is accepted without a key")
     if host is not None:
@@ -201,7 +224,8 @@ async def open_gateway(
         backend: RespBackend | ClusterBackend | SentinelBackend
         if ClusterBackend.is_cluster_url(url):
             backend = ClusterBackend(url, name="redis", pool_size=settings.redis.pool_size,
-                                     command_timeout_s=settings.redis.timeout_s)
+                                     command_timeout_s=settings.redis.timeout_s,
+                                     wait_replicas=settings.redis.wait_replicas)
         elif SentinelBackend.is_sentinel_url(url):
             backend = SentinelBackend(url, name="redis", pool_size=settings.redis.pool_size,
                                       command_timeout_s=settings.redis.timeout_s,

@@ -230,6 +230,18 @@ class CacheParamsFile:
     service_name: str | None = None
     #: Redis Sentinel: the sentinels' own password (``password`` is the primary's).
     sentinel_password: str | None = attrs.field(default=None, repr=False)
+    #: The Redis ACL user (with ``password``) when the server is named by ``host``.
+    username: str | None = None
+    #: TLS to Redis (``rediss://``): ``true``, or ``"True"`` from ``os.environ/REDIS_SSL``.
+    ssl: str | None = None
+    #: TLS: a PEM file of the certificate authorities to trust (a private CA).
+    ssl_ca_certs: str | None = None
+    #: TLS: a client certificate (PEM), for servers that ask for one.
+    ssl_certfile: str | None = None
+    #: TLS: the client certificate's key (PEM).
+    ssl_keyfile: str | None = None
+    #: TLS: ``required`` (the default), ``optional`` or ``none`` (no check).
+    ssl_cert_reqs: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -266,9 +278,10 @@ class RedisSettings:
     pool_size: int = attrs.field(default=64, validator=_positive)
     #: How long the embedded server (no ``url``) may not answer before liveness fails.
     liveness_grace_s: float = attrs.field(default=30.0, validator=_positive)
-    #: With Redis Sentinel: replicas that must acknowledge every pipeline's writes
-    #: (``WAIT``) before they count as done. 0: none (replication stays asynchronous, and
-    #: writes of the last moment before a failover can be lost with the old primary).
+    #: With Redis Sentinel or a Redis Cluster: replicas (of each node, on a cluster) that
+    #: must acknowledge every pipeline's writes (``WAIT``) before they count as done. 0:
+    #: none (replication stays asynchronous, and writes of the last moment before a
+    #: failover can be lost with the old primary).
     wait_replicas: int = attrs.field(default=0, validator=_non_negative)
 
 
@@ -986,14 +999,16 @@ def _with_litellm_redis(file: ConfigFile, environ: Mapping[str, str]) -> ConfigF
         try:
             url: str | None = config_litellm.sentinel_url(
                 nodes, cp.service_name, password=cp.password,
-                sentinel_password=cp.sentinel_password)
+                sentinel_password=cp.sentinel_password, tls=config_litellm.truthy(cp.ssl),
+                tls_options={k: getattr(cp, k) for k in config_litellm.TLS_KEYS})
         except (TypeError, ValueError, IndexError) as exc:
             raise ConfigError(f"litellm_settings.cache_params.sentinel_nodes: {exc}") from None
     else:
         url = config_litellm.redis_url_from(
             urls=(rs.redis_url, cp.url, cp.redis_url), hosts=(rs.redis_host, cp.host),
             ports=(rs.redis_port, cp.port), passwords=(rs.redis_password, cp.password),
-            environ=environ)
+            environ=environ, username=cp.username, ssl=cp.ssl,
+            tls={k: getattr(cp, k) for k in config_litellm.TLS_KEYS})
     if not url:
         return file
     redis = attrs.evolve(file.triogate.redis, url=url)

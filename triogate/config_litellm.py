@@ -11,7 +11,7 @@ from decimal import Decimal
 from importlib import resources
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlencode
 
 import attrs
 
@@ -25,16 +25,31 @@ CALLBACKS = ("prometheus", "otel")
 DEFAULT_REDIS_PORT = 6379
 
 
+#: LiteLLM's (redis-py's) TLS settings that become query parameters of a ``rediss://`` URL.
+TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+_TRUE = ("true", "1", "yes", "on")
+
+
+def truthy(value: bool | str | None) -> bool:
+    """LiteLLM's ``ssl: true`` (``os.environ/REDIS_SSL`` expands to the string ``"True"``)."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE)
+
+
 def redis_url(
     *,
     url: str | None,
     host: str | None,
     port: int | str | None,
     password: str | None,
+    username: str | None = None,
+    ssl: bool = False,
+    tls: Mapping[str, str] | None = None,
 ) -> str | None:
     """A ``redis://`` URL from LiteLLM's separate settings (None when no host is known).
 
-    ``url`` wins; else ``host`` (with ``port``, default 6379, and ``password``).
+    ``url`` wins; else ``host`` (with ``port``, default 6379, ``username`` and
+    ``password``); ``ssl`` or any ``tls`` option (``ssl_ca_certs``, ...) makes it
+    ``rediss://`` with those options as query parameters.
 
     Raises:
         ConfigError: a port that is not a number.
@@ -47,8 +62,12 @@ def redis_url(
         port_number = int(port) if port not in (None, "") else DEFAULT_REDIS_PORT
     except (TypeError, ValueError):
         raise ConfigError(f"redis port {port!r} is not a number") from None
-    auth = f":{quote(password, safe='')}@" if password else ""
-    return f"redis://{auth}{host}:{port_number}/0"
+    auth = f"{_quote(username)}:{_quote(password)}@" if password else (
+        f"{_quote(username)}@" if username else "")
+    options = {k: v for k, v in (tls or {}).items() if v}
+    scheme = "rediss" if ssl or options else "redis"
+    query = f"?{urlencode(options)}" if options else ""
+    return f"{scheme}://{auth}{host}:{port_number}/0{query}"
 
 
 #: Bare model names LiteLLM knows the provider of (``gpt-4o`` means ``openai/gpt-4o``).
@@ -77,20 +96,32 @@ def first(*values: Any) -> Any:
 def redis_url_from(
     *, urls: Iterable[str | None], hosts: Iterable[str | None],
     ports: Iterable[int | str | None], passwords: Iterable[str | None],
-    environ: Mapping[str, str],
+    environ: Mapping[str, str], username: str | None = None,
+    ssl: bool | str | None = None, tls: Mapping[str, str | None] | None = None,
 ) -> str | None:
     """Where LiteLLM's settings put Redis, in order: a URL (``router_settings.redis_url``,
     ``cache_params.url|redis_url``), then host/port/password (``router_settings``, then
     ``cache_params``; the port and password may come from ``REDIS_PORT`` and
     ``REDIS_PASSWORD``), then the ``REDIS_URL`` or ``REDIS_HOST``/``REDIS_PORT``/
-    ``REDIS_PASSWORD`` environment. None when none of them names a server."""
+    ``REDIS_PASSWORD`` environment. None when none of them names a server.
+
+    A URL built from a host also takes ``cache_params``' ``username``, ``ssl`` and TLS
+    options (:data:`TLS_KEYS`), or ``REDIS_USERNAME``, ``REDIS_SSL`` and
+    ``REDIS_SSL_CA_CERTS`` (etc.) from the environment."""
+    options = {k: first((tls or {}).get(k), environ.get(f"REDIS_{k.upper()}"))
+               for k in TLS_KEYS}
+    extra: dict[str, Any] = {
+        "username": first(username, environ.get("REDIS_USERNAME")),
+        "ssl": truthy(first(ssl, environ.get("REDIS_SSL"))),
+        "tls": {k: str(v) for k, v in options.items() if v},
+    }
     return first(*urls) or redis_url(
         url=None, host=first(*hosts),
         port=first(*ports, environ.get("REDIS_PORT")),
-        password=first(*passwords, environ.get("REDIS_PASSWORD")),
+        password=first(*passwords, environ.get("REDIS_PASSWORD")), **extra,
     ) or environ.get("REDIS_URL") or redis_url(
         url=None, host=environ.get("REDIS_HOST"), port=environ.get("REDIS_PORT"),
-        password=environ.get("REDIS_PASSWORD"),
+        password=environ.get("REDIS_PASSWORD"), **extra,
     )
 
 
@@ -211,9 +242,11 @@ def otel(environ: Mapping[str, str]) -> dict[str, Any]:
 def sentinel_url(
     nodes: Sequence[str | Sequence[object]], service: str, *,
     password: str | None = None, sentinel_password: str | None = None, tls: bool = False,
+    tls_options: Mapping[str, str | None] | None = None,
 ) -> str:
     """A ``redis+sentinel://`` URL from LiteLLM's ``redis_sentinel_nodes`` (``[[host, port],
-    ...]`` or ``["host:port", ...]``), ``service_name`` and passwords."""
+    ...]`` or ``["host:port", ...]``), ``service_name``, passwords and TLS settings
+    (``tls``, or any of ``tls_options``, makes it ``rediss+sentinel://``)."""
     hosts = []
     for node in nodes:
         if isinstance(node, str):
@@ -222,8 +255,11 @@ def sentinel_url(
             host, port = str(node[0]), int(str(node[1]))
         hosts.append(f"{host}:{port}")
     auth = f":{_quote(password)}@" if password else ""
-    query = f"?sentinel_password={_quote(sentinel_password)}" if sentinel_password else ""
-    scheme = "rediss+sentinel" if tls else "redis+sentinel"
+    params = {k: str(v) for k, v in (tls_options or {}).items() if v}
+    scheme = "rediss+sentinel" if tls or params else "redis+sentinel"
+    if sentinel_password:
+        params["sentinel_password"] = sentinel_password
+    query = f"?{urlencode(params)}" if params else ""
     return f"{scheme}://{auth}{','.join(hosts)}/{_quote(service)}{query}"
 
 

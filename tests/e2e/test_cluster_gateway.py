@@ -1,6 +1,8 @@
 """The whole gateway on a local three-node Redis Cluster: a governed request with key,
 team and end-user budgets, limits, usage-based routing and the cache still waits once
-before the model call and once after, and decisions are right."""
+before the model call and once after, and decisions are right. The same holds on a
+cluster with a replica per primary, reached over TLS as an ACL user, with every node
+pipeline acknowledged by its replica (``wait_replicas: 1``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,12 @@ import pytest
 import trio
 
 from tests.e2e.conftest import gateway_config, running_gateway
-from tests.integration.cluster_server import ClusterUnavailable, LocalCluster
+from tests.integration.cluster_server import (
+    ClusterUnavailable,
+    LocalCluster,
+    Security,
+    tls_binaries,
+)
 from triogate.batch import ClusterBackend
 
 if TYPE_CHECKING:
@@ -37,14 +44,47 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def secure_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three primaries with a replica each, TLS only, one ACL user."""
+    try:
+        tls_binaries()
+        security = Security.make(tmp_path_factory.mktemp("gateway-certs"))
+        cluster = LocalCluster(tmp_path_factory.mktemp("gateway-tls-cluster"), replicas=1,
+                               security=security)
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no local TLS Redis Cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 async def test_a_governed_request_on_a_cluster_waits_once_each_side(
     tmp_path: Path, three_nodes: LocalCluster, upstream: FakeUpstream
 ) -> None:
-    await trio.to_thread.run_sync(three_nodes.flush_all)
+    await governed_requests(tmp_path, three_nodes, upstream)
+
+
+async def test_over_tls_with_replicas_acknowledging_still_once_each_side(
+    tmp_path: Path, secure_nodes: LocalCluster, upstream: FakeUpstream
+) -> None:
+    assert secure_nodes.cluster_url.startswith("rediss+cluster://app:")
+    backend = await governed_requests(tmp_path, secure_nodes, upstream,
+                                      redis={"wait_replicas": 1})
+    # WAIT rode every node pipeline: none failed for want of an acknowledgement.
+    assert backend.statistics().failures == 0
+
+
+async def governed_requests(tmp_path: Path, cluster: LocalCluster, upstream: FakeUpstream,
+                            **triogate: object) -> ClusterBackend:
+    """Four governed requests (rpm_limit 3) through a gateway on ``cluster``; checks the
+    decisions and the waits; the gateway's backend."""
+    await trio.to_thread.run_sync(cluster.flush_all)
     config = gateway_config(
-        tmp_path / "state", three_nodes.cluster_url, upstream.base_url,
+        tmp_path / "state", cluster.cluster_url, upstream.base_url,
         router_settings={"routing_strategy": "usage-based-routing"},
-        litellm_settings={"cache": True})
+        litellm_settings={"cache": True}, triogate=triogate)
     with trio.fail_after(60):
         async with running_gateway(config) as gateway:
             backend = gateway.services.backends["counters"]
@@ -77,3 +117,4 @@ async def test_a_governed_request_on_a_cluster_waits_once_each_side(
     assert first.waits <= 3  # identity from SQL on the first request
     for summary in warm:
         assert (summary.waits_before, summary.waits_after) == (1, 1)
+    return backend

@@ -3,7 +3,9 @@
 A primary, one replica (or more), and one sentinel (quorum 1) on free TCP ports of 127.0.0.1, with a
 short ``down-after-milliseconds`` so that a killed primary is failed over within seconds.
 Nothing is kept on disk but the sentinel's config (it rewrites it). Sync helpers; async
-tests call them through ``trio.to_thread.run_sync``.
+tests call them through ``trio.to_thread.run_sync``. With a
+:class:`~tests.integration.cluster_server.Security`, every server and the sentinel speak
+TLS only and know one ACL user (the sentinel also authenticates as it to the servers).
 """
 
 from __future__ import annotations
@@ -12,18 +14,19 @@ import subprocess
 import time
 from pathlib import Path
 from typing import final
+from urllib.parse import urlencode
 
-from tests.integration.cluster_server import ClusterUnavailable, binaries, command, free_ports
+from tests.integration.cluster_server import (
+    ClusterUnavailable,
+    Security,
+    answers,
+    binaries,
+    command,
+    free_ports,
+)
 
 SERVICE = "triogate-primary"
 _START_TIMEOUT_S = 10.0
-
-
-def _answers(port: int) -> bool:
-    try:
-        return command(port, "PING", timeout_s=0.5) == b"PONG"
-    except OSError:
-        return False
 
 
 @final
@@ -31,8 +34,10 @@ class LocalSentinel:
     """``primary`` and ``replicas`` ports (``replica``: the first), and a sentinel on
     ``sentinel`` watching them."""
 
-    def __init__(self, folder: Path, *, replicas: int = 1, down_after_ms: int = 600) -> None:
-        self.server, _cli = binaries()
+    def __init__(self, folder: Path, *, replicas: int = 1, down_after_ms: int = 600,
+                 security: Security | None = None) -> None:
+        self.security = security
+        self.server, _cli = binaries(security)
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.primary, self.sentinel, *self.replicas = free_ports(2 + replicas)
@@ -49,19 +54,54 @@ class LocalSentinel:
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 1\n"
                 f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
                 f"sentinel failover-timeout {SERVICE} 5000\n"
-                f"sentinel parallel-syncs {SERVICE} 1\n")
+                f"sentinel parallel-syncs {SERVICE} 1\n" + self._sentinel_security())
             self._spawn(self.sentinel, [self.server, str(conf), "--sentinel",
                                         "--logfile", str(self.folder / "sentinel.log")])
         except BaseException:
             self.stop()
             raise
 
+    def _sentinel_security(self) -> str:
+        """Config lines: the sentinel's own TLS and ACL user, and how it reaches servers."""
+        sec = self.security
+        if sec is None:
+            return ""
+        lines = []
+        if sec.tls:
+            lines += [f"port 0\ntls-port {self.sentinel}",
+                      f"tls-cert-file {sec.folder / 'server.pem'}",
+                      f"tls-key-file {sec.folder / 'server.key'}",
+                      f"tls-ca-cert-file {sec.ca_file}",
+                      "tls-auth-clients no", "tls-replication yes"]
+        if sec.user is not None:
+            lines += ["user default off",
+                      f"user {sec.user} on >{sec.password} ~* &* +@all",
+                      f"sentinel auth-user {SERVICE} {sec.user}",
+                      f"sentinel auth-pass {SERVICE} {sec.password}"]
+        return "\n".join(lines) + "\n"
+
     @property
     def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.sentinel}/{SERVICE}"
+        """``redis+sentinel://…/SERVICE``; with :class:`Security`, ``rediss+sentinel``, the
+        user for the primary and the sentinel, and ``ssl_ca_certs``."""
+        sec = self.security
+        if sec is None:
+            return f"redis+sentinel://127.0.0.1:{self.sentinel}/{SERVICE}"
+        scheme = "rediss+sentinel" if sec.tls else "redis+sentinel"
+        query = {"ssl_ca_certs": str(sec.ca_file)} if sec.tls else {}
+        if sec.user is not None:
+            query |= {"sentinel_username": sec.user, "sentinel_password": sec.password}
+        return (f"{scheme}://{sec.auth()}127.0.0.1:{self.sentinel}/{SERVICE}"
+                + (f"?{urlencode(query)}" if query else ""))
+
+    def command(self, port: int, *args: object) -> object:
+        """One command to ``port`` (a server or the sentinel), over TLS and authenticated as
+        need be."""
+        return command(port, *args, security=self.security)
 
     def start_server(self, port: int, *, replica_of: int | None = None) -> None:
-        argv = [self.server, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+        ports = self.security.server_args(port) if self.security else ["--port", str(port)]
+        argv = [self.server, "--bind", "127.0.0.1", *ports, "--save", "",
                 "--appendonly", "no", "--dir", str(self.folder),
                 "--logfile", str(self.folder / f"server-{port}.log")]
         if replica_of is not None:
@@ -73,7 +113,7 @@ class LocalSentinel:
                                    stderr=subprocess.DEVNULL, start_new_session=True)
         self._processes[port] = process
         deadline = time.monotonic() + _START_TIMEOUT_S
-        while not _answers(port):
+        while not answers(port, self.security):
             if process.poll() is not None:
                 raise ClusterUnavailable(f"{argv[0]} exited with {process.returncode}")
             if time.monotonic() > deadline:
@@ -84,7 +124,7 @@ class LocalSentinel:
                          ) -> None:
         replica = self.replica if replica is None else replica
         deadline = time.monotonic() + timeout_s
-        while b"master_link_status:up" not in _bytes(command(replica, "INFO", "replication")):
+        while b"master_link_status:up" not in _bytes(self.command(replica, "INFO", "replication")):
             if time.monotonic() > deadline:
                 raise ClusterUnavailable("the replica did not sync with the primary")
             time.sleep(0.02)
@@ -95,13 +135,13 @@ class LocalSentinel:
         self._wait_replicated(port, timeout_s)
 
     def role(self, port: int) -> bytes:
-        reply = command(port, "ROLE")
+        reply = self.command(port, "ROLE")
         assert isinstance(reply, list)
         return bytes(reply[0])
 
     def named_primary(self) -> int:
         """The primary's port as the sentinel names it now."""
-        reply = command(self.sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+        reply = self.command(self.sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
         assert isinstance(reply, list)
         return int(reply[1])
 
@@ -112,7 +152,7 @@ class LocalSentinel:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                if command(self.sentinel, "SENTINEL", "FAILOVER", SERVICE) == b"OK":
+                if self.command(self.sentinel, "SENTINEL", "FAILOVER", SERVICE) == b"OK":
                     return
             except RuntimeError as exc:  # an error reply
                 if time.monotonic() > deadline:

@@ -26,6 +26,23 @@ def test_an_invalid_config_names_the_key(tmp_path: Path, capsys: pytest.CaptureF
     assert "$.router_settings.routing_strategy" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("url", "reason"), [
+    ("redis://:pw1@h:1/0?ssl_ca_certs=/ca.pem", "need a rediss:// URL"),
+    ("rediss+cluster://:pw1@h:1?ssl_cert_reqs=sometimes", "none, optional or required"),
+    ("redis+sentinel://:pw1@h:1", "names the service"),
+    ("memcached://h:1", "unsupported Redis URL scheme"),
+])
+def test_a_redis_url_that_cannot_work_is_refused_before_starting(
+    url: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"triogate:\n  redis:\n    url: '{url}'\n")
+    assert main(["serve", "--config", str(path), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "triogate.redis.url" in err and reason in err
+    assert "pw1" not in err
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3"])
 def test_the_example_master_key_is_refused_on_a_public_address(
     host: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

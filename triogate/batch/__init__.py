@@ -25,9 +25,11 @@ Errors: :class:`BatchError` ├ :class:`BackendUnavailable` ├ :class:`CommandE
 
 from ._backend import Backend as Backend
 from ._backend import RedisAddress as RedisAddress
+from ._backend import TlsOptions as TlsOptions
 from ._backend import redact_url as redact_url
 from ._cluster import ClusterBackend as ClusterBackend
 from ._cluster import ClusterStatistics as ClusterStatistics
+from ._cluster_map import cluster_seeds as cluster_seeds
 from ._command import Command as Command
 from ._deadletter import DeadLetter as DeadLetter
 from ._deadletter import DeadLetterFile as DeadLetterFile
@@ -97,8 +99,10 @@ __all__ = (
     "Settler",
     "SettlerStatistics",
     "Subscription",
+    "TlsOptions",
     "TraceSummary",
     "Tracer",
+    "cluster_seeds",
     "open_batch_scope",
     "open_post_call_batch",
     "post_call_batch",

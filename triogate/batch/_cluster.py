@@ -21,7 +21,17 @@ only, everyone else's replies are already in hand), at most ``max_redirects`` ti
 
 Failures: a node that fails as a whole (refused, reset, timed out) fails only its own
 commands, each with its own :class:`BackendUnavailable`; if no node answered at all,
-``execute`` raises :class:`BackendUnavailable`, as a single server would.
+``execute`` raises :class:`BackendUnavailable`, as a single server would. A failed node
+pipeline is never re-sent (the node may have executed it): the settler's journal replays
+the writes, idempotently, to whoever owns the slots next.
+
+Failover: when a primary dies its commands fail (connection refused, at once) and the map
+is marked stale, so the next round refreshes it alongside. Until the cluster promotes a
+replica (``cluster-node-timeout`` and an election) the map still names the dead node and
+its slots stay unavailable; the first refresh after the promotion names the replica.
+Replication is asynchronous: with ``wait_replicas`` each node pipeline ends with
+``WAIT n``, and fewer acknowledgements fail it, so that no write the gateway counts as
+done lives on one node only.
 
 The slot map comes from ``CLUSTER SLOTS``. The first ``execute`` waits for it; later
 refreshes (after a MOVED or a node failure, at most once per ``min_refresh_interval_s``)
@@ -38,15 +48,24 @@ import logging
 import math
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, final
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import attrs
 import trio
 
-from ._backend import RedisAddress, redact_url
+from ._backend import redact_url
+from ._cluster_map import (
+    CLUSTER_SCHEMES,
+    MAX_REMEMBERED_SCRIPTS,
+    cluster_seeds,
+    is_script_load,
+    node_url,
+    parse_slots,
+    redirect_of,
+)
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
-from ._resp import RespBackend
+from ._resp import RespBackend, TlsContext
 from ._slots import SLOTS, Spread, command_name, command_slot, key_slot
 
 if TYPE_CHECKING:
@@ -59,7 +78,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("triogate.batch")
 
-_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _ASKING: Wire = ("ASKING",)
 _CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
 
@@ -108,83 +126,6 @@ class ClusterStatistics:
     slot_map_refreshes: int
 
 
-def cluster_seeds(url_or_seeds: str | Sequence[str]) -> tuple[RedisAddress, ...]:
-    """Parse seed nodes: ``redis+cluster://[user:pw@]h1:p1,h2:p2`` (or ``rediss+cluster``),
-    one ``redis://``/``rediss://`` URL, or a sequence of them.
-
-    Raises:
-        ValueError: no seed, a unix socket, or a database other than 0 (a cluster has one).
-    """
-    if isinstance(url_or_seeds, str):
-        parts = urlsplit(url_or_seeds)
-        base = _CLUSTER_SCHEMES.get(parts.scheme)
-        if base is None:
-            urls = [url_or_seeds]
-        else:
-            userinfo, at, hosts = parts.netloc.rpartition("@")
-            urls = [urlunsplit((base, f"{userinfo}{at}{h}", parts.path, parts.query, ""))
-                    for h in hosts.split(",") if h]
-    else:
-        urls = list(url_or_seeds)
-    seeds = tuple(RedisAddress.from_url(u) for u in urls)
-    if not seeds:
-        raise ValueError("a Redis Cluster needs at least one seed node")
-    for url, seed in zip(urls, seeds, strict=True):
-        if seed.unix_path is not None:
-            raise ValueError(f"a cluster node needs host:port, not a socket: {redact_url(url)}")
-        if seed.db:
-            raise ValueError(f"a Redis Cluster has only database 0: {redact_url(url)}")
-    return seeds
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _node_url(template: RedisAddress, address: str) -> str:
-    """A node's URL, with the seeds' scheme and credentials."""
-    host, port = _split(address)
-    auth = quote(template.username or "", safe="")
-    if template.password is not None:
-        auth += ":" + quote(template.password, safe="")
-    netloc = f"{auth + '@' if auth else ''}{f'[{host}]' if ':' in host else host}:{port}"
-    return f"{'rediss' if template.tls else 'redis'}://{netloc}"
-
-
-def _redirect(reply: object, replied_by: str) -> tuple[bool, int, str] | None:
-    """``(ask, slot, address)`` of a ``MOVED``/``ASK`` error reply, else None."""
-    if not isinstance(reply, CommandError):
-        return None
-    kind, _, rest = reply.reply.partition(" ")
-    if kind not in ("MOVED", "ASK"):
-        return None
-    slot, _, endpoint = rest.partition(" ")
-    host, _, port = endpoint.rpartition(":")
-    if not slot.isdigit() or not port.isdigit():
-        return None
-    # An empty host means "the host you asked" (cluster-preferred-endpoint-type unknown).
-    host = host or _split(replied_by)[0]
-    return kind == "ASK", int(slot), f"{host}:{port}"
-
-
-def _parse_slots(reply: object, asked: str) -> list[tuple[int, int, str]]:
-    """``CLUSTER SLOTS`` → ``[(first, last, primary address), ...]``.
-
-    Raises:
-        ValueError: the reply is not a slot table.
-    """
-    if not isinstance(reply, list) or not reply:
-        raise ValueError(f"not a slot table: {reply!r:.200}")
-    ranges = []
-    for entry in reply:
-        first, last, primary = entry[0], entry[1], entry[2]
-        raw_host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-        host = _split(asked)[0] if raw_host in ("", "?") else raw_host
-        ranges.append((int(first), int(last), f"{host}:{int(primary[1])}"))
-    return ranges
-
-
 @attrs.frozen
 class _Entry:
     index: int
@@ -219,6 +160,9 @@ class ClusterBackend:
             Tests pass fakes or wrappers here.
         fuse_scripts: fuse the script calls of a round whose keys share a slot into one
             ``EVALSHA`` (``_fusion.py``); False sends one ``EVALSHA`` per call.
+        wait_replicas: replicas of a node that must acknowledge each node pipeline
+            (``WAIT n`` at its end, within half of ``command_timeout_s``); a pipeline
+            fewer acknowledged fails as a whole, like a node that did not answer. 0: none.
 
     Raises:
         ValueError: the seeds cannot be parsed (see :func:`cluster_seeds`).
@@ -236,10 +180,16 @@ class ClusterBackend:
         min_refresh_interval_s: float = 1.0,
         node_backend: Callable[[str, str], NodeBackend] | None = None,
         fuse_scripts: bool = True,
+        wait_replicas: int = 0,
     ) -> None:
         seeds = cluster_seeds(url_or_seeds)
+        self._wait_replicas = wait_replicas
+        self._wait: Wire | None = None
+        if wait_replicas:
+            self._wait = ("WAIT", wait_replicas, max(1, int(command_timeout_s * 500)))
         self._fuser = Fuser(per_slot=True) if fuse_scripts else None
         self._template = seeds[0]
+        self._tls = TlsContext(seeds[0].tls_options) if seeds[0].tls else None
         self._seeds = tuple(f"{s.host}:{s.port}" for s in seeds)
         shown = [url_or_seeds] if isinstance(url_or_seeds, str) else list(url_or_seeds)
         self._url = ",".join(redact_url(u) for u in shown)
@@ -265,11 +215,15 @@ class ClusterBackend:
         self._node_pipelines = 0
         self._redirects = 0
         self._refreshes = 0
+        #: ``SCRIPT LOAD`` commands sent to every primary, by script: sent again to a
+        #: node that becomes a primary (a promoted replica has no scripts: the script
+        #: cache is not replicated), so its first rounds need no NOSCRIPT fallback.
+        self._scripts: dict[object, Wire] = {}
 
     @staticmethod
     def is_cluster_url(url: str) -> bool:
         """Whether ``url`` names a cluster (``redis+cluster://`` or ``rediss+cluster://``)."""
-        return urlsplit(url).scheme in _CLUSTER_SCHEMES
+        return urlsplit(url).scheme in CLUSTER_SCHEMES
 
     @property
     def name(self) -> str:
@@ -300,13 +254,14 @@ class ClusterBackend:
 
     def _resp_node(self, url: str, name: str) -> NodeBackend:
         return RespBackend(url, name=name, pool_size=self._pool_size,
-                           command_timeout_s=self._timeout_s, max_idle_s=self._max_idle_s)
+                           command_timeout_s=self._timeout_s, max_idle_s=self._max_idle_s,
+                           tls=self._tls)
 
     def _node(self, address: str) -> NodeBackend:
         node = self._nodes.get(address)
         if node is None:
             node = self._nodes[address] = self._factory(
-                _node_url(self._template, address), f"{self._name}@{address}")
+                node_url(self._template, address), f"{self._name}@{address}")
         return node
 
     # ------------------------------------------------------------------ execute
@@ -349,7 +304,10 @@ class ClusterBackend:
         if not tried:
             await trio.lowlevel.checkpoint()  # every command was refused without sending
         elif not answered:
-            raise BackendUnavailable(self._name, "no cluster node answered")
+            reasons = dict.fromkeys(r.reason for r in replies
+                                    if isinstance(r, BackendUnavailable))
+            raise BackendUnavailable(self._name, "no cluster node answered: "
+                                     + "; ".join(list(reasons)[:3]))
         for i, per_node in spread.items():
             replies[i] = self._merge(commands[i], [per_node[a] for a in primaries])
         return replies
@@ -378,7 +336,7 @@ class ClusterBackend:
                 continue
             answered = True
             for e, reply in zip(entries, result, strict=True):
-                moved = _redirect(reply, address) if follow and not e.broadcast else None
+                moved = redirect_of(reply, address) if follow and not e.broadcast else None
                 if e.broadcast:
                     spread[e.index][address] = reply
                 elif moved is None:
@@ -407,6 +365,8 @@ class ClusterBackend:
                                           "cluster backend (commands are regrouped by node)")
             elif slot is Spread.ALL:
                 everywhere.append(i)
+                if is_script_load(wire) and len(self._scripts) < MAX_REMEMBERED_SCRIPTS:
+                    self._scripts[wire[2]] = wire
                 for address in self._primaries:
                     groups.setdefault(address, []).append(_Entry(i, wire, broadcast=True))
             elif slot is Spread.ANY:
@@ -471,6 +431,8 @@ class ClusterBackend:
             if e.asking:
                 wires.append(_ASKING)
             wires.append(e.wire)
+        if self._wait is not None:
+            wires.append(self._wait)
         self._node_pipelines += 1
         try:
             replies = await self._node(address).execute(wires)
@@ -482,6 +444,17 @@ class ClusterBackend:
             self._stale = True
             return exc
         self._suspect.discard(address)
+        if self._wait is not None:
+            del wires[-1]
+            acked = replies.pop()
+            # A node that redirected everything wrote nothing (a replica refuses WAIT).
+            moved_all = all(redirect_of(r, address) for r in replies)
+            if not moved_all and (not isinstance(acked, int) or acked < self._wait_replicas):
+                # A replica is missing or lagging; perhaps a failover is under way.
+                self._failures += 1
+                self._stale = True
+                return BackendUnavailable(
+                    address, f"{acked!r} of {self._wait_replicas} replicas acknowledged")
         if len(wires) == len(entries):
             return replies
         out: list[object] = []
@@ -526,7 +499,7 @@ class ClusterBackend:
             for address in order:
                 try:
                     (reply,) = await self._node(address).execute([("CLUSTER", "SLOTS")])
-                    ranges = _parse_slots(reply, address)
+                    ranges = parse_slots(reply, address)
                 except BackendUnavailable as exc:
                     self._suspect.add(address)
                     reasons.append(f"{address}: {exc.reason}")
@@ -543,14 +516,29 @@ class ClusterBackend:
         for first, last, address in ranges:
             table[first : last + 1] = [address] * (last - first + 1)
         self._slots = table
-        self._primaries = tuple(dict.fromkeys(a for _, _, a in sorted(ranges)))
+        previous, self._primaries = self._primaries, tuple(
+            dict.fromkeys(a for _, _, a in sorted(ranges)))
         self._epoch += 1
         self._refreshes += 1
-        self._stale = False
+        # A map that still names a node that failed (a dead primary not yet replaced) is
+        # asked for again at the next round, until a replica is promoted in its place.
+        self._stale = any(a in self._suspect for a in self._primaries)
         # Clients of nodes that are no longer primaries (failed over, removed, or a seed
         # known by another name) are closed; pipelines in flight on them still finish.
         for address in [a for a in self._nodes if a not in self._primaries]:
             await self._nodes.pop(address).aclose()
+        if previous and self._scripts:
+            for address in [a for a in self._primaries if a not in previous]:
+                await self._load_scripts(address)
+
+    async def _load_scripts(self, address: str) -> None:
+        """Send the remembered ``SCRIPT LOAD`` commands to a new primary (best effort: a
+        NOSCRIPT later still falls back to EVAL)."""
+        try:
+            await self._node(address).execute(list(self._scripts.values()))
+        except BackendUnavailable as exc:
+            logger.warning("cluster %s: could not load scripts on new primary %s: %s",
+                           self._name, address, exc.reason)
 
     # ------------------------------------------------------------------ the rest
 

@@ -32,7 +32,6 @@ import math
 import os
 import select
 import socket
-import ssl
 import struct
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, final
@@ -41,7 +40,7 @@ import attrs
 import hiredis
 import trio
 
-from ._backend import RedisAddress, redact_url
+from ._backend import RedisAddress, TlsOptions, redact_url
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
 from ._watchdog import Watchdog, Watched, current, watchdog
@@ -50,6 +49,7 @@ from ._watchdog import Watchdog, Watched, current, watchdog
 _RESET = struct.pack("ii", 1, 0)
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import AsyncIterator, Sequence
 
     from ._backend import Wire
@@ -223,6 +223,8 @@ class RespBackend:
         max_idle_s: a pooled connection idle for longer is closed instead of reused.
         fuse_scripts: send the script calls of one pipeline as one fused ``EVALSHA``
             (``_fusion.py``); False sends one ``EVALSHA`` per call.
+        tls: the SSL context holder for a ``rediss://`` URL, to share one among the
+            nodes of a deployment; default: one of its own, from the URL's options.
     """
 
     def __init__(
@@ -234,8 +236,13 @@ class RespBackend:
         command_timeout_s: float = 0.5,
         max_idle_s: float = 30.0,
         fuse_scripts: bool = True,
+        tls: TlsContext | None = None,
     ) -> None:
         self._address = RedisAddress.from_url(url)
+        #: The SSL context of a ``rediss://`` URL (None: plain TCP or a unix socket).
+        self._tls: TlsContext | None = None
+        if self._address.tls:
+            self._tls = tls if tls is not None else TlsContext(self._address.tls_options)
         self._fuser = Fuser() if fuse_scripts else None
         self._max_idle_s = max_idle_s
         self._stale = 0
@@ -310,7 +317,7 @@ class RespBackend:
             pass
         except _DISCONNECTED as exc:
             self._failures += 1
-            raise BackendUnavailable(self._name, f"{type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(self._name, _reason(exc)) from exc
         except hiredis.ProtocolError as exc:
             self._failures += 1
             raise BackendUnavailable(self._name, f"protocol error: {exc}") from exc
@@ -391,7 +398,7 @@ class RespBackend:
         conn.close_nowait()
 
     async def _connect(self) -> _Connection:
-        stream = await _open_stream(self._address)
+        stream = await _open_stream(self._address, self._tls)
         conn = _Connection(stream, self._timeout_s)
         self._open += 1
         try:
@@ -490,15 +497,45 @@ class Subscription:
             raise BackendUnavailable(self._backend, f"subscription lost: {exc!r}") from exc
 
 
-async def _open_stream(address: RedisAddress) -> trio.abc.Stream:
+@final
+class TlsContext:
+    """The SSL context of a ``rediss://`` deployment, made on first use in a worker thread
+    (it reads certificate files) and shared by every connection (and node) after that."""
+
+    def __init__(self, options: TlsOptions) -> None:
+        self._options = options
+        self._context: ssl.SSLContext | None = None
+
+    async def get(self) -> ssl.SSLContext:
+        """The context. Raises :class:`OSError`/:class:`ssl.SSLError` for a bad file."""
+        if self._context is None:
+            self._context = await trio.to_thread.run_sync(self._options.context)
+        return self._context
+
+
+async def _open_stream(address: RedisAddress, tls: TlsContext | None) -> trio.abc.Stream:
     if address.unix_path is not None:
         return await trio.open_unix_socket(address.unix_path)
     assert address.host is not None
-    if address.tls:
-        context = ssl.create_default_context()
-        return await trio.open_ssl_over_tcp_stream(address.host, address.port, ssl_context=context)
-    stream = await trio.open_tcp_stream(address.host, address.port)
-    return stream
+    if tls is not None:
+        context = await tls.get()
+        stream = await trio.open_ssl_over_tcp_stream(address.host, address.port,
+                                                     ssl_context=context)
+        # The handshake now, inside the connect's bound: a refused certificate is a
+        # connection failure, not a failure of the first pipeline's send.
+        await stream.do_handshake()
+        return stream
+    return await trio.open_tcp_stream(address.host, address.port)
+
+
+def _reason(exc: BaseException) -> str:
+    """``Type: message`` of a lost connection, with the cause trio wraps (a refused TLS
+    handshake is a ``BrokenResourceError`` from an ``SSLError``)."""
+    reason = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    if cause is not None and isinstance(exc, trio.BrokenResourceError):
+        reason += f"({type(cause).__name__}: {cause})"
+    return reason
 
 
 def _setup_commands(address: RedisAddress) -> list[Wire]:

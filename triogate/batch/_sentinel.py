@@ -2,8 +2,10 @@
 
 ``redis+sentinel://[user:password@]host:port[,host:port...]/service_name`` names the
 sentinels and the service (the ``sentinel monitor`` name); ``rediss+sentinel://`` reaches
-the primary over TLS. ``?sentinel_password=…`` (and ``sentinel_username``) authenticate to
-the sentinels when they need it; the URL's own user and password are the primary's.
+the sentinels and the primary over TLS, with the ``ssl_*`` query parameters of
+:class:`~._backend.TlsOptions` (``ssl_ca_certs`` for a private CA). ``?sentinel_password=…``
+(and ``sentinel_username``) authenticate to the sentinels when they need it; the URL's
+own user and password are the primary's.
 
 :class:`SentinelBackend` asks the sentinels, in order, for the primary's address, checks
 with ``ROLE`` that the server there is a primary, and sends every pipeline to it through a
@@ -34,14 +36,15 @@ import contextlib
 import logging
 import math
 from typing import TYPE_CHECKING, final
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import attrs
 import trio
 
+from ._backend import TLS_PARAMETERS, TlsOptions
 from ._errors import BackendUnavailable, CommandError
 from ._fusion import Fuser
-from ._resp import BackendStatistics, RespBackend
+from ._resp import BackendStatistics, RespBackend, TlsContext
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -65,6 +68,7 @@ class SentinelAddress:
     sentinels: tuple[tuple[str, int], ...]
     service: str
     tls: bool = False
+    tls_options: TlsOptions = attrs.field(factory=TlsOptions)
     username: str | None = None
     password: str | None = attrs.field(default=None, repr=False)
     db: int = 0
@@ -76,7 +80,8 @@ class SentinelAddress:
         """Parse a ``redis+sentinel://`` URL.
 
         Raises:
-            ValueError: not a sentinel URL, no sentinel, or no service name.
+            ValueError: not a sentinel URL, no sentinel, no service name, or TLS
+                parameters that are not understood (or without ``rediss+sentinel://``).
         """
         parts = urlsplit(url)
         if parts.scheme not in SCHEMES:
@@ -89,10 +94,15 @@ class SentinelAddress:
             raise ValueError("a sentinel URL names at least one sentinel host:port")
         if not path:
             raise ValueError("a sentinel URL names the service: redis+sentinel://host:port/NAME")
+        tls = parts.scheme == "rediss+sentinel"
+        stray = [p for p in TLS_PARAMETERS if p in query]
+        if stray and not tls:
+            raise ValueError(f"{', '.join(stray)}: TLS parameters need rediss+sentinel://")
         return cls(
             sentinels=sentinels,
             service=unquote(path[0]),
-            tls=parts.scheme == "rediss+sentinel",
+            tls=tls,
+            tls_options=TlsOptions.from_query(query) if tls else TlsOptions(),
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else query.get("password"),
             db=int(path[1]) if len(path) > 1 else int(query.get("db", "0")),
@@ -102,13 +112,20 @@ class SentinelAddress:
 
     def primary_url(self, host: str, port: int) -> str:
         """The URL of the primary at ``host:port`` with this address's credentials."""
-        return _url("rediss" if self.tls else "redis", host, port, self.username,
-                    self.password, self.db)
+        return self._url(host, port, self.username, self.password, self.db)
 
     def sentinel_url(self, host: str, port: int) -> str:
         """The URL of the sentinel at ``host:port`` with the sentinels' credentials."""
-        return _url("rediss" if self.tls else "redis", host, port, self.sentinel_username,
-                    self.sentinel_password, 0)
+        return self._url(host, port, self.sentinel_username, self.sentinel_password, 0)
+
+    def _url(self, host: str, port: int, username: str | None, password: str | None,
+             db: int) -> str:
+        auth = ""
+        if password is not None:
+            auth = f"{_quote(username) if username else ''}:{_quote(password)}@"
+        query = urlencode(self.tls_options.query()) if self.tls else ""
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{auth}{host}:{port}/{db}" + (f"?{query}" if query else "")
 
 
 @final
@@ -135,6 +152,8 @@ class SentinelBackend:
         wait_replicas: int = 0,
     ) -> None:
         self._address = SentinelAddress.from_url(url)
+        #: One SSL context for the sentinels and every primary (same options).
+        self._tls = TlsContext(self._address.tls_options) if self._address.tls else None
         self._name = name
         self._pool_size = pool_size
         self._timeout_s = command_timeout_s
@@ -243,7 +262,7 @@ class SentinelBackend:
             index += 1
             sentinel = RespBackend(self._address.sentinel_url(host, port),
                                    name=f"{self._name}-sentinel", pool_size=1,
-                                   command_timeout_s=self._timeout_s)
+                                   command_timeout_s=self._timeout_s, tls=self._tls)
             try:
                 async with sentinel.open_subscription("+switch-master") as messages:
                     async for _channel, data in messages:
@@ -286,7 +305,7 @@ class SentinelBackend:
         for host, port in self._address.sentinels:
             sentinel = RespBackend(self._address.sentinel_url(host, port),
                                    name=f"{self._name}-sentinel", pool_size=1,
-                                   command_timeout_s=self._timeout_s)
+                                   command_timeout_s=self._timeout_s, tls=self._tls)
             try:
                 (reply,) = await sentinel.execute(
                     [("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._address.service)])
@@ -312,7 +331,7 @@ class SentinelBackend:
         else:
             candidate = RespBackend(self._address.primary_url(*at), name=self._name,
                                     pool_size=self._pool_size,
-                                    command_timeout_s=self._timeout_s)
+                                    command_timeout_s=self._timeout_s, tls=self._tls)
         try:
             (role,) = await candidate.execute([("ROLE",)])
         except BackendUnavailable:
@@ -349,10 +368,4 @@ def _quote(text: str | None) -> str:
     return quote(text or "", safe="")
 
 
-def _url(scheme: str, host: str, port: int, username: str | None, password: str | None,
-         db: int) -> str:
-    auth = ""
-    if password is not None:
-        auth = f"{_quote(username) if username else ''}:{_quote(password)}@"
-    return f"{scheme}://{auth}{host}:{port}/{db}"
 

@@ -22,7 +22,7 @@ from triogate.batch import (
     Script,
     open_batch_scope,
 )
-from triogate.batch._cluster import cluster_seeds
+from triogate.batch._cluster_map import cluster_seeds
 from triogate.batch._slots import (
     SLOTS,
     Spread,
@@ -220,6 +220,8 @@ class FakeNode:
         self.data: dict[bytes, bytes] = {}
         self.asking = False
         self.closed = 0
+        #: What ``WAIT`` answers: how many replicas acknowledged.
+        self.acks = 1
         self.recording = RecordingBackend(respond=self._respond, name=address, delay_s=delay_s,
                                           scripts_loaded=scripts_loaded)
         self.faulty = FaultyBackend(self.recording)
@@ -250,6 +252,8 @@ class FakeNode:
             return b"OK"
         if name == "CLUSTER":
             return self.cluster.slots_reply()
+        if name == "WAIT":
+            return self.acks
         if name in ("PING", "ECHO", "SCRIPT", "FLUSHALL"):
             return arg_bytes(wire[-1]) if name == "ECHO" else f"{name}@{self.address}".encode()
         slot = command_slot(wire)
@@ -445,6 +449,87 @@ async def test_a_failed_node_fails_only_its_own_commands(autojump_clock: MockClo
     assert isinstance(loaded, BackendUnavailable)
     # Keyless commands avoid the node that just failed.
     assert await backend.execute([("PING",)]) != [f"PING@{N2}".encode()]
+
+
+async def test_a_dead_primary_is_replaced_by_the_map_refreshed_after_its_failure(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeCluster()
+    n4 = "n4:4"
+    fake.nodes[n4] = FakeNode(fake, n4, 0.0, True)
+    backend = await warmed(fake, min_refresh_interval_s=1.0)
+    key = fake.key_on(N2)
+    fake.nodes[N2].faulty.down = True
+    failed, _ = await backend.execute([("SET", key, "1"), ("GET", fake.key_on(N1))])
+    assert isinstance(failed, BackendUnavailable) and N2 in failed.reason
+    # Until the replica is promoted the map still names the dead node: unavailable.
+    await trio.sleep(1.0)
+    with pytest.raises(BackendUnavailable, match="no cluster node answered"):
+        await backend.execute([("SET", key, "1")])
+    # Promoted: the next refresh (due once a second, alongside a round) names it.
+    first, last = RANGES[N2]
+    fake.owner[first : last + 1] = [n4] * (last - first + 1)
+    await trio.sleep(1.0)
+    await backend.execute([("GET", fake.key_on(N1))])
+    assert await backend.execute([("SET", key, "2")]) == [b"OK"]
+    assert fake.nodes[n4].data[key.encode()] == b"2"
+    assert backend.nodes == (N1, n4, N3)
+    assert fake.nodes[N2].closed == 1  # the dead node's client is closed
+
+
+async def test_a_new_primary_gets_the_scripts_loaded_on_every_primary(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeCluster()
+    n4 = "n4:4"
+    fake.nodes[n4] = FakeNode(fake, n4, 0.0, True)
+    backend = await warmed(fake, min_refresh_interval_s=1.0)
+    await backend.execute([("SCRIPT", "LOAD", "return 1"), ("SCRIPT", "LOAD", "return 2"),
+                           ("SCRIPT", "LOAD", "return 1")])
+    # N2 dies and its replica n4 is promoted: the next map names n4, which gets the
+    # scripts (a promoted replica has none: the script cache is not replicated).
+    fake.nodes[N2].faulty.down = True
+    with pytest.raises(BackendUnavailable):
+        await backend.execute([("GET", fake.key_on(N2))])
+    first, last = RANGES[N2]
+    fake.owner[first : last + 1] = [n4] * (last - first + 1)
+    await trio.sleep(1.0)
+    await backend.execute([("GET", fake.key_on(N1))])
+    assert fake.nodes[n4].pipelines == [[("SCRIPT", "LOAD", "return 1"),
+                                          ("SCRIPT", "LOAD", "return 2")]]
+    # The old primaries are not sent them again.
+    assert all(("SCRIPT", "LOAD", "return 1") not in pipeline
+               for pipeline in fake.nodes[N3].pipelines[1:])
+
+
+async def test_wait_replicas_ends_each_node_pipeline_with_wait(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeCluster()
+    backend = await warmed(fake, wait_replicas=1, command_timeout_s=0.5)
+    keys = [fake.key_on(a) for a in (N1, N2)]
+    assert await backend.execute([("SET", k, "v") for k in keys]) == [b"OK", b"OK"]
+    for address in (N1, N2):
+        assert fake.nodes[address].pipelines[-1][-1] == ("WAIT", 1, 250)
+    # A node whose replica did not acknowledge fails its own commands, as if it died:
+    # the writes may be on the primary alone.
+    fake.nodes[N2].acks = 0
+    ok, failed = await backend.execute([("SET", k, "w") for k in keys])
+    assert ok == b"OK"
+    assert isinstance(failed, BackendUnavailable) and "0 of 1 replicas" in failed.reason
+    assert backend.statistics().failures == 1
+
+
+async def test_wait_replicas_lets_a_redirect_through(autojump_clock: MockClock) -> None:
+    fake = FakeCluster()
+    backend = await warmed(fake, wait_replicas=1)
+    key = fake.key_on(N1)
+    fake.move(key_slot(key), N3)
+    # The old owner answers MOVED and, a replica now, refuses WAIT: nothing was written
+    # there, so the redirect is followed.
+    fake.nodes[N1].acks = CommandError("ERR WAIT cannot be used with replica instances")
+    assert await backend.execute([("SET", key, "v")]) == [b"OK"]
+    assert fake.nodes[N3].data[key.encode()] == b"v"
 
 
 async def test_every_node_down_fails_the_whole_pipeline(autojump_clock: MockClock) -> None:

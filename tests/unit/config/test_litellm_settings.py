@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from triogate.app import check_redis_url
 from triogate.config import load_config, parse_config
 from triogate.errors import ConfigError
 
@@ -101,6 +102,35 @@ def test_litellms_redis_settings_become_the_redis_url(
     sections: dict[str, Any], environ: dict[str, str], url: str | None
 ) -> None:
     assert parse_config(_config(**sections), environ=environ).settings.redis.url == url
+
+
+@pytest.mark.parametrize(
+    ("cache_params", "environ", "url"),
+    [
+        ({"host": "c", "username": "app", "password": "p@ss", "ssl": True,
+          "ssl_ca_certs": "/etc/ca.pem"}, {},
+         "rediss://app:p%40ss@c:6379/0?ssl_ca_certs=%2Fetc%2Fca.pem"),
+        ({"host": "c", "ssl": "os.environ/REDIS_SSL"}, {"REDIS_SSL": "True"},
+         "rediss://c:6379/0"),
+        ({"host": "c", "ssl": "os.environ/REDIS_SSL"}, {"REDIS_SSL": "False"},
+         "redis://c:6379/0"),
+        ({}, {"REDIS_HOST": "e", "REDIS_USERNAME": "u", "REDIS_PASSWORD": "p",
+              "REDIS_SSL": "true", "REDIS_SSL_CERT_REQS": "none"},
+         "rediss://u:p@e:6379/0?ssl_cert_reqs=none"),
+        ({"host": "c", "ssl_certfile": "/me.pem", "ssl_keyfile": "/me.key"}, {},
+         "rediss://c:6379/0?ssl_certfile=%2Fme.pem&ssl_keyfile=%2Fme.key"),
+        ({"service_name": "svc", "sentinel_nodes": [["s1", 26379]], "password": "pw",
+          "ssl": True, "ssl_ca_certs": "/ca.pem", "sentinel_password": "sp"}, {},
+         "rediss+sentinel://:pw@s1:26379/svc?ssl_ca_certs=%2Fca.pem&sentinel_password=sp"),
+    ],
+)
+def test_litellms_redis_tls_settings_become_a_rediss_url(
+    cache_params: dict[str, Any], environ: dict[str, str], url: str
+) -> None:
+    config = parse_config(_config(litellm_settings={"cache_params": cache_params}),
+                          environ=environ)
+    assert config.settings.redis.url == url
+    check_redis_url(url)  # the gateway accepts what it made
 
 
 def test_a_bad_redis_port_is_named() -> None:
