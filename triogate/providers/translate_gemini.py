@@ -18,7 +18,12 @@ import orjson
 
 from triogate.errors import ProviderStatusError, TranslationError
 from triogate.providers.records import Usage
-from triogate.providers.translate_chat_messages import _arguments_object, _text_of
+from triogate.providers.translate_chat_messages import (
+    _append_turn,
+    _arguments_object,
+    _content_pieces,
+    _text_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -57,20 +62,7 @@ def _part(part: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"text": content}] if content else []
-    return [_part(part) for part in content]
-
-
-def _append(turns: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
-    if not parts:
-        return
-    if turns and turns[-1]["role"] == role:
-        turns[-1]["parts"].extend(parts)
-    else:
-        turns.append({"role": role, "parts": list(parts)})
+    return _content_pieces(content, _part)
 
 
 def _tool_response(content: Any) -> dict[str, Any]:
@@ -131,7 +123,7 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
         if role in ("system", "developer"):
             system.append({"text": _text_of(message.get("content"))})
         elif role == "user":
-            _append(turns, "user", _parts(message.get("content")))
+            _append_turn(turns, "user", _parts(message.get("content")), "parts")
         elif role == "assistant":
             parts = _parts(message.get("content"))
             for call in message.get("tool_calls") or ():
@@ -144,12 +136,12 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
                 if mark and signature:
                     part["thoughtSignature"] = signature
                 parts.append(part)
-            _append(turns, "model", parts)
+            _append_turn(turns, "model", parts, "parts")
         elif role == "tool":
             call_id = str(message.get("tool_call_id", ""))
-            _append(turns, "user", [{"functionResponse": {
+            _append_turn(turns, "user", [{"functionResponse": {
                 "name": names.get(call_id, call_id),
-                "response": _tool_response(message.get("content"))}}])
+                "response": _tool_response(message.get("content"))}}], "parts")
         else:
             raise TranslationError(f"message role {role!r} is not supported")
     out: dict[str, Any] = {"contents": turns}
