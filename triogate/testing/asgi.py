@@ -57,6 +57,16 @@ async def read_body(receive: Receive) -> bytes:
             return body
 
 
+async def http_body(scope: Scope, receive: Receive, send: Send) -> bytes | None:
+    """The body of an HTTP request; None once a lifespan is answered or for other scopes."""
+    if scope["type"] == "lifespan":
+        await answer_lifespan(receive, send)
+        return None
+    if scope["type"] != "http":
+        return None
+    return await read_body(receive)
+
+
 async def send_json(
     send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:

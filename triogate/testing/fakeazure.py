@@ -40,7 +40,7 @@ from triogate.testing.fakeupstream import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from triogate.testing.fakeupstream import Receive, Scope, Send
+    from triogate.testing.asgi import Receive, Scope, Send
 
 _FILTERED = {"hate": {"filtered": False, "severity": "safe"},
              "self_harm": {"filtered": False, "severity": "safe"},

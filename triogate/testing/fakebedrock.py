@@ -37,8 +37,7 @@ from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
 from botocore.credentials import Credentials  # type: ignore[import-untyped]
 
 from triogate.testing.asgi import (
-    answer_lifespan,
-    read_body,
+    http_body,
     send_events,
     send_json,
     serve_main,
@@ -47,11 +46,9 @@ from triogate.testing.asgi import (
 from triogate.testing.fakeupstream import _embedding, _text_pieces, make_reply
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
 
-    Scope = dict[str, Any]
-    Receive = Callable[[], Awaitable[dict[str, Any]]]
-    Send = Callable[[dict[str, Any]], Awaitable[None]]
+    from triogate.testing.asgi import Receive, Scope, Send
 
 _ROUTE = re.compile(r"^/model/([^/]+)/(converse|converse-stream|invoke)$")
 _AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request,"
@@ -229,12 +226,8 @@ class FakeBedrock:
     # ----------------------------------------------------------------- ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
+        if (raw := await http_body(scope, receive, send)) is None:
             return
-        if scope["type"] != "http":
-            return
-        raw = await read_body(receive)
         try:
             await self._handle(scope, raw, receive, send)
         except AwsError as error:

@@ -37,8 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from triogate.testing.asgi import (
-    answer_lifespan,
-    read_body,
+    http_body,
     send_events,
     send_json,
     serve_main,
@@ -54,11 +53,9 @@ from triogate.testing.fakeupstream import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
 
-    Scope = dict[str, Any]
-    Receive = Callable[[], Awaitable[dict[str, Any]]]
-    Send = Callable[[dict[str, Any]], Awaitable[None]]
+    from triogate.testing.asgi import Receive, Scope, Send
 
 _GEMINI = re.compile(r"^/v1(?:beta|alpha)?/models/([^/:]+):(\w+)$")
 _VERTEX = re.compile(r"^/v1(?:beta1)?/projects/([^/]+)/locations/([^/]+)/publishers/google/"
@@ -232,12 +229,8 @@ class FakeGemini:
     # ----------------------------------------------------------------- ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
+        if (raw := await http_body(scope, receive, send)) is None:
             return
-        if scope["type"] != "http":
-            return
-        raw = await read_body(receive)
         try:
             await self._handle(scope, raw, receive, send)
         except HTTPError as error:

@@ -36,14 +36,12 @@ import attrs
 import orjson
 import trio
 
-from triogate.testing.asgi import answer_lifespan, read_body, send_json, serving
+from triogate.testing.asgi import http_body, send_json, serving
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
 
-    Scope = dict[str, Any]
-    Receive = Callable[[], Awaitable[dict[str, Any]]]
-    Send = Callable[[dict[str, Any]], Awaitable[None]]
+    from triogate.testing.asgi import Receive, Scope, Send
 
 #: Words of the prompt quoted in a reply.
 QUOTED_WORDS = 12
@@ -211,12 +209,8 @@ class FakeUpstream:
     # ----------------------------------------------------------------- ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
+        if (body := await http_body(scope, receive, send)) is None:
             return
-        if scope["type"] != "http":
-            return
-        body = await read_body(receive)
         path = scope["path"]
         anthropic = path.startswith("/v1/messages")
         try:
