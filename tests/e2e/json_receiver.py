@@ -15,6 +15,27 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
 
+async def read_request(stream: trio.SocketStream, buffer: bytes
+                       ) -> tuple[str, str, dict[str, str], bytes, bytes] | None:
+    """The next HTTP/1.1 request on ``stream`` after what ``buffer`` holds already:
+    method, path, headers (lower-case names), body and the bytes read past it; None
+    once the client closes."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buffer += data
+    head, _, buffer = buffer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = {k.strip().lower(): v.strip() for k, _, v in
+               (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(buffer) < length:
+        buffer += await stream.receive_some(65536)
+    return method, path, headers, buffer[:length], buffer[length:]
+
+
 def _ok(path: str, body: Any) -> tuple[int, Any]:
     return 200, {}
 
@@ -41,20 +62,9 @@ class JsonService:
         buffer = b""
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in
-                           (line.partition(":") for line in lines[1:])}
-                length = int(headers.get("content-length", "0"))
-                while len(buffer) < length:
-                    buffer += await stream.receive_some(65536)
-                raw, buffer = buffer[:length], buffer[length:]
+                if (request := await read_request(stream, buffer)) is None:
+                    return
+                method, path, headers, raw, buffer = request
                 body = orjson.loads(raw) if raw else None
                 if method == "POST":
                     self.posts.append((path, headers, body))
