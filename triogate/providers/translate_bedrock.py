@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from triogate.errors import ProviderProtocolError, ProviderStatusError, TranslationError
+from triogate.providers.chat_chunks import ChatChunks
 from triogate.providers.records import Usage
 from triogate.providers.translate_chat_messages import (
     _append_turn,
@@ -186,22 +187,12 @@ def converse_to_chat_response(
             "usage": usage.to_chat()}
 
 
-class ConverseToChat:
+class ConverseToChat(ChatChunks):
     """ConverseStream events (``{event type: payload}``) -> OpenAI chat chunks."""
 
     def __init__(self, *, created_s: int, model: str, ident: str) -> None:
-        self._created_s = created_s
-        self._model = model
-        self._id = f"chatcmpl-{ident}"
+        super().__init__(created_s=created_s, model=model, chunk_id=f"chatcmpl-{ident}")
         self._tool_of_block: dict[int, int] = {}
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self._id, "object": "chat.completion.chunk", "created": self._created_s,
-                "model": self._model, "choices": choices, **extra}
-
-    def _delta(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish,
-                             "logprobs": None}])
 
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One event's chunks.

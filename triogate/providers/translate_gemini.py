@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from triogate.errors import ProviderStatusError, TranslationError
+from triogate.providers.chat_chunks import ChatChunks
 from triogate.providers.records import Usage
 from triogate.providers.translate_chat_messages import (
     _append_turn,
@@ -249,7 +250,7 @@ def gemini_to_chat_response(
     }
 
 
-class GeminiToChat:
+class GeminiToChat(ChatChunks):
     """Streamed ``GenerateContentResponse`` objects -> OpenAI chat chunks.
 
     Gemini sends whole function calls in one chunk and cumulative ``usageMetadata``; the
@@ -257,19 +258,9 @@ class GeminiToChat:
     """
 
     def __init__(self, *, created_s: int, model: str | None) -> None:
-        self._created_s = created_s
-        self._model = model
-        self._id = "chatcmpl-gemini"
+        super().__init__(created_s=created_s, model=model, chunk_id="chatcmpl-gemini")
         self._started = False
         self._calls = 0
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self._id, "object": "chat.completion.chunk", "created": self._created_s,
-                "model": self._model, "choices": choices, **extra}
-
-    def _delta(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish,
-                             "logprobs": None}])
 
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One upstream event's chunks.
