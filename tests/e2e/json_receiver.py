@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 import orjson
@@ -77,10 +77,19 @@ class JsonService:
                     f"content-length: {len(data)}\r\n\r\n".encode() + data)
 
 
+class _Handler(Protocol):
+    url: str
+
+    async def handle(self, stream: trio.SocketStream) -> None: ...
+
+
+Service = TypeVar("Service", bound=_Handler)
+
+
 @asynccontextmanager
-async def open_json_service(answer: Callable[[str, Any], tuple[int, Any]] = _ok
-                            ) -> AsyncIterator[JsonService]:
-    service = JsonService(answer)
+async def on_loopback(service: Service) -> AsyncIterator[Service]:
+    """``service.handle`` serving connections on a free loopback port (``service.url``)
+    in a nursery of the caller's task; stopped on exit."""
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, service.handle, 0,
                                                 host="127.0.0.1"))
@@ -90,3 +99,10 @@ async def open_json_service(answer: Callable[[str, Any], tuple[int, Any]] = _ok
             yield service
         finally:
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_json_service(answer: Callable[[str, Any], tuple[int, Any]] = _ok
+                            ) -> AsyncIterator[JsonService]:
+    async with on_loopback(JsonService(answer)) as service:
+        yield service

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
 import trio
 
-from tests.e2e.json_receiver import read_request
+from tests.e2e.json_receiver import on_loopback, read_request
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -52,13 +51,5 @@ class Receiver:
 
 @asynccontextmanager
 async def open_receiver() -> AsyncIterator[Receiver]:
-    receiver = Receiver()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, receiver.handle, 0,
-                                                host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        receiver.url = f"http://127.0.0.1:{port}"
-        try:
-            yield receiver
-        finally:
-            nursery.cancel_scope.cancel()
+    async with on_loopback(Receiver()) as receiver:
+        yield receiver
