@@ -1,10 +1,12 @@
-"""What the cloud providers' end-to-end tests share (Gemini, Vertex AI, Bedrock)."""
+"""What the cloud providers' end-to-end tests share (Gemini, Vertex AI, Bedrock, Azure)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import anthropic
 import httpx
+import openai
 import trio
 
 from tests.e2e.conftest import MASTER_HEADERS, MASTER_KEY, traced_waits
@@ -36,6 +38,16 @@ def cloud_config(tmp_path: Path, redis_url: str, models: list[dict[str, Any]]) -
                      "redis": {"url": redis_url, "timeout_s": 2.0}, "shutdown_grace_s": 5}})
 
 
+def oai(gateway: Gateway) -> openai.AsyncOpenAI:
+    """The openai SDK on the gateway, with the master key and no retries."""
+    return openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=MASTER_KEY, max_retries=0)
+
+
+def claude(gateway: Gateway) -> anthropic.AsyncAnthropic:
+    """The anthropic SDK on the gateway, with the master key and no retries."""
+    return anthropic.AsyncAnthropic(base_url=gateway.url, api_key=MASTER_KEY, max_retries=0)
+
+
 def error_of(response: httpx.Response, *, anthropic_shape: bool, secret: str
              ) -> dict[str, Any]:
     """The error object of an OpenAI- or Anthropic-shaped error answer, checked clean
@@ -51,9 +63,6 @@ def error_of(response: httpx.Response, *, anthropic_shape: bool, secret: str
 async def streamed_tool_calls(gateway_url: str, model: str) -> None:
     """A messages stream and a responses stream that each end in a tool call, through
     the anthropic and openai SDKs: the tool's name and arguments arrive whole."""
-    import anthropic
-    import openai
-
     client = anthropic.AsyncAnthropic(base_url=gateway_url, api_key=MASTER_KEY, max_retries=0)
     schema = TOOL["function"]["parameters"]  # type: ignore[index]
     with trio.fail_after(30):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import anthropic
-import openai
 import orjson
 import pytest
 import trio
@@ -16,15 +14,16 @@ from tests.e2e.cloud import (
     PNG_B64,
     TOOL,
     check_error,
+    claude,
     cloud_config,
     error_of,
     governed_waits,
+    oai,
     post,
     streamed_tool_calls,
     throttled_until_cooled_down,
 )
 from tests.e2e.conftest import (
-    MASTER_KEY,
     running_gateway,
     spend_rows,
     streamed,
@@ -80,14 +79,6 @@ async def gateway(tmp_path: Path, redis: RespBackend, redis_url: str, fake: Fake
     with trio.fail_after(60):
         async with running_gateway(config) as gw:
             yield gw
-
-
-def oai(gateway: Gateway) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=MASTER_KEY, max_retries=0)
-
-
-def claude(gateway: Gateway) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=gateway.url, api_key=MASTER_KEY, max_retries=0)
 
 
 @pytest.mark.parametrize(("model", "upstream"), [("bedrock-claude", CLAUDE),
