@@ -30,6 +30,7 @@ from triogate.providers.http import (
     egress_of,
     open_sse_response,
     post_json,
+    reply_shape,
 )
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sigv4 import AwsCredentials, sign
@@ -162,16 +163,13 @@ class BedrockProvider:
         request = chat_to_converse_request(bridge.chat_request(api, body))
         response = await self._post(deployment, "converse", request)
         created_s = int(self._clock())
-        try:
+        with reply_shape():
             usage = converse_usage(response.get("usage"))
             chat = converse_to_chat_response(
                 response, model=_model_id(deployment), created_s=created_s,
                 usage=usage or Usage(input_tokens=0, output_tokens=0),
                 ident=hashlib.sha256(orjson.dumps(response)).hexdigest()[:24])
             return bridge.answer(api, chat, request=body, usage=usage, created_s=created_s)
-        except SHAPE_ERRORS as exc:
-            raise ProviderProtocolError(
-                f"upstream reply has an unexpected shape: {exc!r}") from exc
 
     def stream(
         self, api: Api, body: Mapping[str, Any], deployment: Deployment
