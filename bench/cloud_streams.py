@@ -38,6 +38,7 @@ from triogate.config import parse_config
 from triogate.providers.bedrock import BedrockProvider
 from triogate.providers.gemini import GeminiProvider
 from triogate.providers.openai import OpenAIProvider
+from triogate.testing.asgi import answer_lifespan, hypercorn_config, read_body
 from triogate.testing.fakebedrock import encode_message
 
 BODY = {"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "go"}]}
@@ -155,18 +156,9 @@ def _chunks_asked(path: str, body: dict[str, Any]) -> tuple[str, int]:
 async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """ASGI: a stream in the wire format the path names, of as many chunks as asked."""
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            kind = message["type"].removeprefix("lifespan.")
-            await send({"type": f"lifespan.{kind}.complete"})
-            if kind == "shutdown":
-                return
-    raw = b""
-    while True:
-        message = await receive()
-        raw += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+        await answer_lifespan(receive, send)
+        return
+    raw = await read_body(receive)
     kind, chunks = _chunks_asked(scope["path"], orjson.loads(raw))
     make, content_type = BODIES[kind]
     await send({"type": "http.response.start", "status": 200,
@@ -177,13 +169,9 @@ async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def serve_upstream(port: int) -> None:
-    from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = None
-    trio.run(serve, upstream_app, config)
+    trio.run(serve, upstream_app, hypercorn_config("127.0.0.1", port))
 
 
 def gateway_runs(a: argparse.Namespace) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
+    from tests.e2e.test_admin_api import Admin
     from triogate.api.services import Services
     from triogate.batch import RespBackend
     from triogate.config import GatewayConfig
@@ -209,6 +210,15 @@ async def gateway(
     with trio.fail_after(60):
         async with running_gateway(config, server=server) as gw:
             yield gw
+
+
+@pytest.fixture
+async def api(gateway: Gateway) -> AsyncIterator[Admin]:
+    """The admin API of the module's ``gateway``, with the master key."""
+    from tests.e2e.test_admin_api import admin_client  # it imports this module
+
+    async with admin_client(gateway) as client:
+        yield client
 
 
 async def traced_waits(gateway: Gateway, response: Any) -> Any:

@@ -41,6 +41,11 @@ class Hostile:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    async def wait_dropped(self) -> None:
+        """Until the gateway has closed a connection (the caller bounds the wait)."""
+        while not self.dropped:
+            await trio.sleep(0.01)
+
     async def handle(self, stream: trio.abc.Stream) -> None:
         try:
             while True:
@@ -85,6 +90,16 @@ async def serve_hostile(nursery: trio.Nursery, hostile: Hostile,
             await hostile.handle(tls)
     listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
     hostile.port = listeners[0].socket.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def open_hostile() -> AsyncIterator[Hostile]:
+    """A :class:`Hostile` served in a nursery of the caller's task; stopped on exit."""
+    hostile = Hostile()
+    async with trio.open_nursery() as nursery:
+        await serve_hostile(nursery, hostile)
+        yield hostile
+        nursery.cancel_scope.cancel()
 
 
 def chat_completion(content: str = "hi", completion_tokens: int = 1) -> bytes:

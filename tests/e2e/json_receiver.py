@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 import orjson
@@ -13,6 +13,27 @@ import trio
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
+
+
+async def read_request(stream: trio.SocketStream, buffer: bytes
+                       ) -> tuple[str, str, dict[str, str], bytes, bytes] | None:
+    """The next HTTP/1.1 request on ``stream`` after what ``buffer`` holds already:
+    method, path, headers (lower-case names), body and the bytes read past it; None
+    once the client closes."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buffer += data
+    head, _, buffer = buffer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = {k.strip().lower(): v.strip() for k, _, v in
+               (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(buffer) < length:
+        buffer += await stream.receive_some(65536)
+    return method, path, headers, buffer[:length], buffer[length:]
 
 
 def _ok(path: str, body: Any) -> tuple[int, Any]:
@@ -41,20 +62,9 @@ class JsonService:
         buffer = b""
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in
-                           (line.partition(":") for line in lines[1:])}
-                length = int(headers.get("content-length", "0"))
-                while len(buffer) < length:
-                    buffer += await stream.receive_some(65536)
-                raw, buffer = buffer[:length], buffer[length:]
+                if (request := await read_request(stream, buffer)) is None:
+                    return
+                method, path, headers, raw, buffer = request
                 body = orjson.loads(raw) if raw else None
                 if method == "POST":
                     self.posts.append((path, headers, body))
@@ -67,10 +77,19 @@ class JsonService:
                     f"content-length: {len(data)}\r\n\r\n".encode() + data)
 
 
+class _Handler(Protocol):
+    url: str
+
+    async def handle(self, stream: trio.SocketStream) -> None: ...
+
+
+Service = TypeVar("Service", bound=_Handler)
+
+
 @asynccontextmanager
-async def open_json_service(answer: Callable[[str, Any], tuple[int, Any]] = _ok
-                            ) -> AsyncIterator[JsonService]:
-    service = JsonService(answer)
+async def on_loopback(service: Service) -> AsyncIterator[Service]:
+    """``service.handle`` serving connections on a free loopback port (``service.url``)
+    in a nursery of the caller's task; stopped on exit."""
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, service.handle, 0,
                                                 host="127.0.0.1"))
@@ -80,3 +99,10 @@ async def open_json_service(answer: Callable[[str, Any], tuple[int, Any]] = _ok
             yield service
         finally:
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_json_service(answer: Callable[[str, Any], tuple[int, Any]] = _ok
+                            ) -> AsyncIterator[JsonService]:
+    async with on_loopback(JsonService(answer)) as service:
+        yield service

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
 import trio
+
+from tests.e2e.json_receiver import on_loopback, read_request
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -37,20 +38,9 @@ class Receiver:
         buffer = b""
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in
-                           (line.partition(":") for line in lines[1:])}
-                length = int(headers.get("content-length", "0"))
-                while len(buffer) < length:
-                    buffer += await stream.receive_some(65536)
-                body, buffer = buffer[:length], buffer[length:]
+                if (request := await read_request(stream, buffer)) is None:
+                    return
+                method, path, headers, body, buffer = request
                 if method == "POST" and path == "/v1/traces":
                     self.posts.append((path, headers, orjson.loads(body)))
                     self._note()
@@ -61,13 +51,5 @@ class Receiver:
 
 @asynccontextmanager
 async def open_receiver() -> AsyncIterator[Receiver]:
-    receiver = Receiver()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, receiver.handle, 0,
-                                                host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        receiver.url = f"http://127.0.0.1:{port}"
-        try:
-            yield receiver
-        finally:
-            nursery.cancel_scope.cancel()
+    async with on_loopback(Receiver()) as receiver:
+        yield receiver

@@ -59,12 +59,6 @@ async def admin_client(gateway: Gateway, key: str | None = MASTER_KEY) -> AsyncI
         yield Admin(http)
 
 
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
-
-
 def sdk(gateway: Gateway, key: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=key, max_retries=0)
 

@@ -13,20 +13,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.e2e.conftest import MASTER_KEY
-from tests.e2e.test_admin_api import Admin, admin_client, chat, poll
+from tests.e2e.test_admin_api import Admin, chat, poll
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
     from tests.e2e.conftest import Gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
-
-
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
 
 
 def _nested(depth: int) -> Any:

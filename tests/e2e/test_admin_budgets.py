@@ -11,22 +11,15 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_KEY
-from tests.e2e.test_admin_api import Admin, admin_client, poll
+from tests.e2e.test_admin_api import Admin, poll
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
     from tests.e2e.conftest import Gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 HI = [{"role": "user", "content": "say something short"}]
-
-
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
 
 
 def sdk(gateway: Gateway, key: str = MASTER_KEY) -> openai.AsyncOpenAI:

@@ -14,6 +14,7 @@ import trio
 
 from tests.e2e.conftest import gateway_config, running_gateway
 from tests.e2e.test_admin_api import Admin, admin_client, chat, poll, status_of
+from tests.e2e.test_admin_propagation import two_gateways
 from tests.integration.conftest import (  # noqa: F401  (fixtures)
     postgres_base_url,
     postgres_target,
@@ -38,17 +39,8 @@ async def pair(request: pytest.FixtureRequest, tmp_path: Path, redis: RespBacken
                ) -> AsyncIterator[tuple[Gateway, Gateway, Admin]]:
     """Gateways A and B (shared Redis and SQL: a SQLite file, then PostgreSQL), and A's
     admin API."""
-    if request.param == "sqlite":
-        database_url = f"sqlite:///{tmp_path / 'shared.db'}"
-    else:
-        database_url = request.getfixturevalue("postgres_target").url
-    shared = {"general_settings": {"database_url": database_url}}
-    config_a = gateway_config(tmp_path / "a", redis_url, upstream.base_url, **shared)
-    config_b = gateway_config(tmp_path / "b", redis_url, upstream.base_url, **shared)
-    with trio.fail_after(120):
-        async with running_gateway(config_a) as a, running_gateway(config_b) as b, \
-                admin_client(a) as api:
-            yield a, b, api
+    async with two_gateways(request, tmp_path, redis_url, upstream.base_url) as gateways:
+        yield gateways
 
 
 async def test_regenerate_keeps_id_limits_and_spend_and_refuses_the_old_secret_everywhere(

@@ -11,17 +11,10 @@ import pytest
 from tests.e2e.test_admin_api import Admin, admin_client
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
     from tests.e2e.conftest import Gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
-
-
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
 
 
 async def _people(api: Admin) -> dict[str, str]:

@@ -17,17 +17,10 @@ from tests.e2e.test_admin_api import Admin, admin_client, chat, status_of
 from triogate.store import hash_key
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
     from tests.e2e.conftest import Gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
-
-
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
 
 
 #: /key/generate as a LiteLLM client sends it: every optional field, null or empty.

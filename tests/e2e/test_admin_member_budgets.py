@@ -13,20 +13,13 @@ import pytest
 import trio
 
 from tests.e2e.conftest import traced_waits
-from tests.e2e.test_admin_api import Admin, admin_client, chat, poll, status_of
+from tests.e2e.test_admin_api import Admin, chat, poll, status_of
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
     from tests.e2e.conftest import Gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
-
-
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
 
 
 async def _over_budget(gateway: Gateway, key: str) -> str | None:

@@ -8,6 +8,7 @@ with the reason when the server is unreachable), the many-instance deployment.
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import openai
@@ -38,24 +39,33 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 
+@asynccontextmanager
+async def two_gateways(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str,
+                       upstream_url: str) -> AsyncIterator[tuple[Gateway, Gateway, Admin]]:
+    """Gateways A and B (own state folders, shared Redis and SQL: a SQLite file when
+    ``request.param`` says so, else PostgreSQL), and A's admin API."""
+    if request.param == "sqlite":
+        database_url = f"sqlite:///{tmp_path / 'shared.db'}"
+    else:
+        database_url = request.getfixturevalue("postgres_target").url
+    shared = {"general_settings": {"database_url": database_url}}
+    config_a = gateway_config(tmp_path / "a", redis_url, upstream_url, **shared)
+    config_b = gateway_config(tmp_path / "b", redis_url, upstream_url, **shared)
+    with trio.fail_after(120):
+        async with running_gateway(config_a) as a, running_gateway(config_b) as b, \
+                admin_client(a) as api:
+            yield a, b, api
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def pair(
     request: pytest.FixtureRequest, tmp_path: Path, redis: RespBackend, redis_url: str,
     upstream: FakeUpstream,
 ) -> AsyncIterator[tuple[Gateway, Gateway, Admin]]:
     """Gateways A and B (own state folders, shared Redis and SQL), and A's admin API."""
-    if request.param == "sqlite":
-        database_url = f"sqlite:///{tmp_path / 'shared.db'}"
-    else:
-        database_url = request.getfixturevalue("postgres_target").url
-    shared = {"general_settings": {"database_url": database_url}}
-    config_a = gateway_config(tmp_path / "a", redis_url, upstream.base_url, **shared)
-    config_b = gateway_config(tmp_path / "b", redis_url, upstream.base_url, **shared)
-    with trio.fail_after(120):
-        async with running_gateway(config_a) as a, running_gateway(config_b) as b, \
-                admin_client(a) as api:
-            assert b.services.config.settings.governance.identity_ttl_s >= 60
-            yield a, b, api
+    async with two_gateways(request, tmp_path, redis_url, upstream.base_url) as (a, b, api):
+        assert b.services.config.settings.governance.identity_ttl_s >= 60
+        yield a, b, api
 
 
 async def test_a_key_blocked_on_a_is_refused_by_b_within_a_second(

@@ -14,7 +14,6 @@ from triogate.api.admin.routes import handlers_by_route
 from triogate.store import hash_key
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
     from tests.e2e.conftest import Gateway
 
@@ -31,12 +30,6 @@ PEOPLE: dict[str, tuple[str | None, str | None]] = {
 ROLE_OF = {"master": "proxy_admin", "admin-user": "proxy_admin",
            "viewer": "proxy_admin_viewer", "internal": "internal_user",
            "internal-viewer": "internal_user_viewer", "team-admin": TEAM_ADMIN, "key": "key"}
-
-
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
 
 
 async def _keys(api: Admin) -> dict[str, str]:

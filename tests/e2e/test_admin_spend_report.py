@@ -26,12 +26,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
-
-
 def _range(days_before: int = 0) -> dict[str, str]:
     today = datetime.now(UTC).date()
     return {"start_date": (today - timedelta(days=days_before)).isoformat(),

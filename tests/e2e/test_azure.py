@@ -12,7 +12,8 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway, spend_rows
+from tests.e2e.cloud import claude, oai
+from tests.e2e.conftest import gateway_config, running_gateway, spend_rows
 from triogate.testing.fakeazure import open_fake_azure
 
 if TYPE_CHECKING:
@@ -74,14 +75,6 @@ async def gateway(tmp_path: Path, redis: RespBackend, redis_url: str, upstream: 
             yield gw
 
 
-def gpt(gateway: Gateway) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=MASTER_KEY, max_retries=0)
-
-
-def claude(gateway: Gateway) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=gateway.url, api_key=MASTER_KEY, max_retries=0)
-
-
 IMAGE_CHAT = [{"role": "user", "content": [
     {"type": "text", "text": "what is in this picture"},
     {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}]}]
@@ -94,7 +87,7 @@ async def test_openai_sdk_chat_with_an_image_and_its_spend_row(
     gateway: Gateway, azure: FakeAzure
 ) -> None:
     with trio.fail_after(20):
-        reply = await gpt(gateway).chat.completions.create(model="azure-gpt",
+        reply = await oai(gateway).chat.completions.create(model="azure-gpt",
                                                            messages=IMAGE_CHAT)
     assert reply.choices[0].message.content
     sent = azure.requests[-1]
@@ -113,11 +106,11 @@ async def test_openai_sdk_chat_with_an_image_and_its_spend_row(
 
 async def test_openai_sdk_stream_and_tool_call(gateway: Gateway) -> None:
     with trio.fail_after(20):
-        stream = await gpt(gateway).chat.completions.create(
+        stream = await oai(gateway).chat.completions.create(
             model="azure-gpt", messages=[{"role": "user", "content": "stream please"}],
             stream=True, stream_options={"include_usage": True})
         chunks = [c async for c in stream]
-        tool = await gpt(gateway).chat.completions.create(
+        tool = await oai(gateway).chat.completions.create(
             model="azure-gpt", messages=[{"role": "user", "content": "look up trio"}],
             tools=[TOOL], tool_choice="required")
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -150,8 +143,8 @@ async def test_anthropic_sdk_plain_stream_tool_and_image(gateway: Gateway) -> No
 
 async def test_responses_and_embeddings(gateway: Gateway, azure: FakeAzure) -> None:
     with trio.fail_after(20):
-        response = await gpt(gateway).responses.create(model="azure-gpt", input="hello there")
-        vectors = await gpt(gateway).embeddings.create(model="azure-embed", input=["a", "b"])
+        response = await oai(gateway).responses.create(model="azure-gpt", input="hello there")
+        vectors = await oai(gateway).embeddings.create(model="azure-embed", input=["a", "b"])
     assert response.output_text
     assert len(vectors.data) == 2
     assert azure.requests[-1].path == "/openai/deployments/embed-prod/embeddings"
@@ -162,7 +155,7 @@ async def test_entra_id_token_fetched_once_and_sent_as_bearer(
 ) -> None:
     with trio.fail_after(20):
         for _ in range(3):
-            await gpt(gateway).chat.completions.create(
+            await oai(gateway).chat.completions.create(
                 model="azure-entra", messages=[{"role": "user", "content": "hi"}])
     assert len(azure.token_requests) == 1
     (form,) = azure.token_requests
@@ -177,10 +170,10 @@ async def test_entra_id_token_is_refreshed_before_it_expires(
 ) -> None:
     azure.token_lifetime_s = 2.0  # refreshed at half its life, one second
     with trio.fail_after(20):
-        await gpt(gateway).chat.completions.create(
+        await oai(gateway).chat.completions.create(
             model="azure-entra", messages=[{"role": "user", "content": "hi"}])
         await trio.sleep(1.2)
-        await gpt(gateway).chat.completions.create(
+        await oai(gateway).chat.completions.create(
             model="azure-entra", messages=[{"role": "user", "content": "hi"}])
     assert len(azure.token_requests) == 2
     assert azure.requests[-1].headers["authorization"] == "Bearer entra-token-1"
@@ -197,7 +190,7 @@ async def test_upstream_errors_in_the_openai_shape(
 ) -> None:
     azure.fail_next(kind)
     with trio.fail_after(20), pytest.raises(openai.APIStatusError) as raised:
-        await gpt(gateway).chat.completions.create(
+        await oai(gateway).chat.completions.create(
             model="azure-gpt", messages=[{"role": "user", "content": "hi"}])
     assert raised.value.status_code == status
     assert raised.value.code == code
@@ -206,7 +199,7 @@ async def test_upstream_errors_in_the_openai_shape(
 
 async def test_refused_credentials_are_the_gateways_not_the_clients(gateway: Gateway) -> None:
     with trio.fail_after(20), pytest.raises(openai.APIStatusError) as raised:
-        await gpt(gateway).chat.completions.create(
+        await oai(gateway).chat.completions.create(
             model="azure-badkey", messages=[{"role": "user", "content": "hi"}])
     assert (raised.value.status_code, raised.value.code) == (502, "upstream_auth_failed")
     assert "not-the-key" not in raised.value.message
@@ -232,11 +225,11 @@ async def test_repeated_throttling_cools_the_deployment_down(
     with trio.fail_after(30):
         for _ in range(3):
             with pytest.raises(openai.APIStatusError):
-                await gpt(gateway).chat.completions.create(
+                await oai(gateway).chat.completions.create(
                     model="azure-throttled", messages=[{"role": "user", "content": "hi"}])
         sent = len(azure.requests)
         with pytest.raises(openai.APIStatusError):
-            await gpt(gateway).chat.completions.create(
+            await oai(gateway).chat.completions.create(
                 model="azure-throttled", messages=[{"role": "user", "content": "hi"}])
         cooldown = await gateway.services.backends["counters"].execute(
             [("HGET", "tg:{rt:azure-throttled}:cooldown", "az-throttled")])
@@ -273,7 +266,7 @@ async def test_concurrent_first_requests_share_one_token_request(
     gateway: Gateway, azure: FakeAzure
 ) -> None:
     async def ask() -> None:
-        await gpt(gateway).chat.completions.create(
+        await oai(gateway).chat.completions.create(
             model="azure-entra", messages=[{"role": "user", "content": "hi"}])
 
     with trio.fail_after(20):
@@ -289,7 +282,7 @@ async def test_a_refused_token_request_is_the_gateways_failure(
 ) -> None:
     azure.client_secret = "rotated"  # the configured secret is no longer valid
     with trio.fail_after(20), pytest.raises(openai.APIStatusError) as raised:
-        await gpt(gateway).chat.completions.create(
+        await oai(gateway).chat.completions.create(
             model="azure-entra", messages=[{"role": "user", "content": "hi"}])
     assert (raised.value.status_code, raised.value.code) == (502, "upstream_auth_failed")
     assert "client-secret" not in str(raised.value.body)

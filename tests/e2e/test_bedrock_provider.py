@@ -6,21 +6,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import anthropic
-import httpx
-import openai
 import orjson
 import pytest
 import trio
 
-from tests.e2e.cloud import PNG_B64, TOOL, USD, cloud_config, error_of, streamed_tool_calls
+from tests.e2e.cloud import (
+    PNG_B64,
+    TOOL,
+    check_error,
+    claude,
+    cloud_config,
+    error_of,
+    governed_waits,
+    oai,
+    post,
+    streamed_tool_calls,
+    throttled_until_cooled_down,
+)
 from tests.e2e.conftest import (
-    MASTER_HEADERS,
-    MASTER_KEY,
     running_gateway,
     spend_rows,
     streamed,
-    traced_waits,
 )
 from triogate.testing.fakebedrock import open_fake_bedrock
 
@@ -73,14 +79,6 @@ async def gateway(tmp_path: Path, redis: RespBackend, redis_url: str, fake: Fake
     with trio.fail_after(60):
         async with running_gateway(config) as gw:
             yield gw
-
-
-def oai(gateway: Gateway) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=gateway.openai_base, api_key=MASTER_KEY, max_retries=0)
-
-
-def claude(gateway: Gateway) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=gateway.url, api_key=MASTER_KEY, max_retries=0)
 
 
 @pytest.mark.parametrize(("model", "upstream"), [("bedrock-claude", CLAUDE),
@@ -239,12 +237,6 @@ MESSAGES = {"model": "bedrock-claude", "max_tokens": 16,
             "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def _post(gateway: Gateway, path: str, body: dict[str, Any]) -> httpx.Response:
-    with trio.fail_after(20):
-        async with httpx.AsyncClient(timeout=20) as http:
-            return await http.post(f"{gateway.url}{path}", json=body, headers=MASTER_HEADERS)
-
-
 @pytest.mark.parametrize("kind", ["throttling", "server", "context_length", "auth"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 async def test_upstream_errors_in_the_clients_shape(
@@ -259,16 +251,13 @@ async def test_upstream_errors_in_the_clients_shape(
         body = {**body, "messages": [{"role": "user", "content": " ".join(["word"] * 300)}]}
     else:
         fake.secret_access_key = "rotated"  # the gateway's signatures no longer match
-    response = await _post(gateway, path, body)
-    error = error_of(response, anthropic_shape=path == "/v1/messages",
-                     secret=fake.secret_access_key)
+    response = await post(gateway, path, body)
     assert "rotated" not in response.text
     expected = {"throttling": (429, "rate_limit_error", "Too many requests"),
                 "server": (502, "api_error", "internal error"),
                 "context_length": (400, "invalid_request_error", "Input is too long"),
                 "auth": (502, "api_error", "credentials")}[kind]
-    assert (response.status_code, error["type"]) == expected[:2]
-    assert expected[2] in error["message"]
+    check_error(response, path, fake.secret_access_key, expected)
 
 
 async def test_throttling_mid_stream_ends_the_stream_with_an_error(
@@ -286,42 +275,15 @@ async def test_repeated_throttling_cools_the_deployment_down(
     gateway: Gateway, fake: FakeBedrock
 ) -> None:
     fake.fail_next(1000, "ThrottlingException", message="Too many requests, please wait.")
-    statuses = [(await _post(gateway, "/v1/chat/completions", CHAT)).status_code
-                for _ in range(4)]
-    assert statuses[:2] == [429, 429]
-    assert all(s in (429, 503) for s in statuses)
+    await throttled_until_cooled_down(gateway, CHAT, "bedrock-claude", "claude")
     assert len([r for r in fake.requests if r[0].endswith("/converse")]) == 2
-    with trio.fail_after(10):
-        await gateway.services.settler.wait_drained()
-    cooldown = await gateway.services.backends["counters"].execute(
-        [("HGET", "tg:{rt:bedrock-claude}:cooldown", "claude")])
-    assert cooldown[0] is not None
 
 
 @pytest.mark.parametrize("model", ["bedrock-claude", "titan-embed"])
 async def test_a_governed_request_waits_on_redis_once_before_and_once_after(
     gateway: Gateway, model: str
 ) -> None:
-    store = gateway.services.store
-    assert store is not None
-    team = await store.create_team(team_alias="ml", max_budget_nanousd=100 * USD,
-                                   budget_duration="30d", tpm_limit=1_000_000, rpm_limit=1000)
-    key, _ = await store.create_key(team_id=team.team_id, max_budget_nanousd=10 * USD,
-                                    budget_duration="1d", tpm_limit=100_000, rpm_limit=100)
-    if model == "titan-embed":
-        shapes = [("/v1/embeddings", {"model": model, "input": "count my waits"})]
-    else:
-        body = {"model": model, "messages": [{"role": "user", "content": "count my waits"}]}
-        shapes = [("/v1/chat/completions", {**body, "stream": s}) for s in (False, True)]
-        shapes.append(("/v1/messages", {**body, "max_tokens": 16}))
-    async with httpx.AsyncClient(timeout=20) as http:
-        for i, (path, body) in enumerate([shapes[0], *shapes]):  # the first warms the key
-            with trio.fail_after(20):
-                response = await http.post(f"{gateway.url}{path}", json=body,
-                                           headers={"authorization": f"Bearer {key}"})
-            summary = await traced_waits(gateway, response)
-            if i:
-                assert (summary.waits_before, summary.waits_after) == (1, 1), path
+    await governed_waits(gateway, model, embedding=model == "titan-embed")
 
 
 async def test_messages_and_responses_streams_with_a_tool_call(gateway: Gateway) -> None:
@@ -338,7 +300,7 @@ async def test_messages_and_responses_streams_with_a_tool_call(gateway: Gateway)
 async def test_what_bedrock_cannot_take_is_a_400_before_any_call(
     gateway: Gateway, fake: FakeBedrock, path: str, body: dict[str, Any], words: str
 ) -> None:
-    response = await _post(gateway, path, body)
+    response = await post(gateway, path, body)
     assert response.status_code == 400, response.text
     error = error_of(response, anthropic_shape=False, secret=fake.secret_access_key)
     assert error["type"] == "invalid_request_error" and words in error["message"]

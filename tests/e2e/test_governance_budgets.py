@@ -57,12 +57,6 @@ async def proxy_budget_gateway(
             yield gw
 
 
-@pytest.fixture
-async def api(gateway: Gateway) -> AsyncIterator[Admin]:
-    async with admin_client(gateway) as client:
-        yield client
-
-
 async def test_the_proxy_budget_is_shared_by_every_key(proxy_budget_gateway: Gateway) -> None:
     gateway = proxy_budget_gateway
     async with admin_client(gateway) as api:

@@ -26,7 +26,7 @@ from tests.e2e.hostile_upstream import (
     chat_chunk,
     chunked,
     measured,
-    serve_hostile,
+    open_hostile,
 )
 
 if TYPE_CHECKING:
@@ -45,11 +45,8 @@ DEFAULT_OUTPUT = 50
 
 @pytest.fixture
 async def hostile() -> AsyncIterator[Hostile]:
-    upstream = Hostile()
-    async with trio.open_nursery() as nursery:
-        await serve_hostile(nursery, upstream)
+    async with open_hostile() as upstream:
         yield upstream
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture
@@ -72,6 +69,16 @@ def client(gateway: Gateway) -> openai.AsyncOpenAI:
                               max_retries=0, timeout=60)
 
 
+async def stream_until_timeout(gateway: Gateway) -> None:
+    """A chat stream through the openai SDK that must end with the timeout error."""
+    response = await client(gateway).chat.completions.create(
+        model="gpt-test", max_tokens=10_000, stream=True,
+        messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.APIError, match="did not answer in time"):
+        async for _ in response:
+            pass
+
+
 async def test_a_trickling_stream_ends_at_its_stream_timeout(
     gateway: Gateway, hostile: Hostile
 ) -> None:
@@ -88,16 +95,10 @@ async def test_a_trickling_stream_ends_at_its_stream_timeout(
     hostile.script = answer
     started = trio.current_time()
     with trio.fail_after(20):
-        response = await client(gateway).chat.completions.create(
-            model="gpt-test", max_tokens=10_000, stream=True,
-            messages=[{"role": "user", "content": "hi"}])
-        with pytest.raises(openai.APIError, match="did not answer in time"):
-            async for _ in response:
-                pass
+        await stream_until_timeout(gateway)
         took = trio.current_time() - started
         rows = await spend_rows(gateway, 1)
-        while not hostile.dropped:
-            await trio.sleep(0.01)
+        await hostile.wait_dropped()
     assert STREAM_TIMEOUT_S - 0.1 < took < STREAM_TIMEOUT_S + 1.5, took
     assert rows[0].status == "error"
 
@@ -118,12 +119,7 @@ async def test_a_silent_stream_ends_at_its_stream_timeout_not_later(
     hostile.script = answer
     started = trio.current_time()
     with trio.fail_after(20):
-        response = await client(gateway).chat.completions.create(
-            model="gpt-test", max_tokens=10_000, stream=True,
-            messages=[{"role": "user", "content": "hi"}])
-        with pytest.raises(openai.APIError, match="did not answer in time"):
-            async for _ in response:
-                pass
+        await stream_until_timeout(gateway)
     took = trio.current_time() - started
     assert STREAM_TIMEOUT_S - 0.1 < took < STREAM_TIMEOUT_S + 0.6, took
 
@@ -158,8 +154,7 @@ async def test_a_runaway_stream_stops_at_the_requests_output_bound(
             assert response.status_code == 200
             seen = b"".join([part async for part in response.aiter_raw()])
         rows = await spend_rows(gateway, 1)
-        while not hostile.dropped:
-            await trio.sleep(0.01)
+        await hostile.wait_dropped()
     events = [e for e in seen.split(b"\n\n") if e.startswith(b"data: {")]
     last = orjson.loads(events[-1][len(b"data: "):])
     assert last["error"]["code"] == "upstream_output_bound", last
@@ -191,8 +186,7 @@ async def test_a_client_that_leaves_cancels_its_upstream_call(
                                 json={"model": "gpt-test", "max_tokens": 5,
                                       "messages": [{"role": "user", "content": "hi"}]})
         left = trio.current_time()
-        while not hostile.dropped:
-            await trio.sleep(0.01)
+        await hostile.wait_dropped()
         assert trio.current_time() - left < 2
         rows = await spend_rows(gateway, 1)
     assert rows[0].status == "cancelled", rows[0]

@@ -26,7 +26,7 @@ from tests.e2e.hostile_upstream import (
     chunked,
     json_head,
     measured,
-    serve_hostile,
+    open_hostile,
 )
 
 if TYPE_CHECKING:
@@ -46,11 +46,8 @@ EVENT_LIMIT = 256 * 1024
 
 @pytest.fixture
 async def hostile() -> AsyncIterator[Hostile]:
-    upstream = Hostile()
-    async with trio.open_nursery() as nursery:
-        await serve_hostile(nursery, upstream)
+    async with open_hostile() as upstream:
         yield upstream
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture
@@ -104,8 +101,7 @@ async def test_an_answer_past_the_body_bound_is_a_502_not_read_on(
     with trio.fail_after(30):
         await chat_502(gateway)
         await settled_as_upstream_error(gateway)
-        while not hostile.dropped:
-            await trio.sleep(0.01)
+        await hostile.wait_dropped()
 
 
 async def test_an_endless_chunked_answer_keeps_memory_bounded(
@@ -303,5 +299,4 @@ async def test_invalid_framing_is_refused_as_h11_would(
     with trio.fail_after(30):
         await chat_502(gateway)
         await settled_as_upstream_error(gateway)
-        while not hostile.dropped:
-            await trio.sleep(0.01)
+        await hostile.wait_dropped()

@@ -129,6 +129,24 @@ def hypercorn_workers(config: Path, workers: int) -> subprocess.Popen[bytes]:
     )
 
 
+def read_until_ready(process: subprocess.Popen[bytes], workers: int
+                     ) -> tuple[str, dict[str, bytes]]:
+    """Read hypercorn's stderr (in a thread) until it has named its URL and ``workers``
+    workers have logged "gateway ready": the URL and each worker's line, by pid."""
+    assert process.stderr is not None
+    url, ready = "", {}
+    for line in process.stderr:
+        found = re.search(rb"Running on (http://127\.0\.0\.1:\d+)", line)
+        if found:
+            url = found.group(1).decode()
+        pid = re.search(rb'"gateway ready".*"pid":(\d+)', line)
+        if pid:
+            ready[pid.group(1).decode()] = line
+        if url and len(ready) == workers:
+            return url, ready
+    raise AssertionError("the workers exited before they were ready")
+
+
 async def test_several_hypercorn_workers_share_an_external_redis(
     tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
 ) -> None:
@@ -136,21 +154,9 @@ async def test_several_hypercorn_workers_share_an_external_redis(
     process = hypercorn_workers(tmp_path / "config.yaml", 2)
     assert process.stderr is not None
     try:
-        def read_until_ready() -> tuple[str, set[str]]:
-            url, pids = "", set()
-            for line in process.stderr:  # type: ignore[union-attr]
-                found = re.search(rb"Running on (http://127\.0\.0\.1:\d+)", line)
-                if found:
-                    url = found.group(1).decode()
-                ready = re.search(rb'"gateway ready".*"pid":(\d+)', line)
-                if ready:
-                    pids.add(ready.group(1).decode())
-                if url and len(pids) == 2:
-                    return url, pids
-            raise AssertionError("the workers exited before they were ready")
-
         with trio.fail_after(60):
-            url, pids = await trio.to_thread.run_sync(read_until_ready)
+            url, ready = await trio.to_thread.run_sync(read_until_ready, process, 2)
+            pids = set(ready)
             async with httpx.AsyncClient(timeout=20) as http:
                 for n in range(6):
                     response = await http.post(f"{url}/v1/chat/completions",
@@ -198,22 +204,11 @@ async def test_serve_with_hypercorn_workers_runs_one_embedded_server_for_them(
         stderr=subprocess.PIPE, env={**os.environ, "TRIOGATE_LOG_LEVEL": "info"})
     assert process.stderr is not None
     try:
-        def read_until_ready() -> tuple[str, set[str], set[str]]:
-            url, pids, redis = "", set(), set()
-            for line in process.stderr:  # type: ignore[union-attr]
-                found = re.search(rb"Running on (http://127\.0\.0\.1:\d+)", line)
-                if found:
-                    url = found.group(1).decode()
-                ready = re.search(rb'"gateway ready".*"redis":"([^"]+)".*"pid":(\d+)', line)
-                if ready:
-                    redis.add(ready.group(1).decode())
-                    pids.add(ready.group(2).decode())
-                if url and len(pids) == 2:
-                    return url, pids, redis
-            raise AssertionError("the workers exited before they were ready")
-
         with trio.fail_after(60):
-            url, pids, redis = await trio.to_thread.run_sync(read_until_ready)
+            url, ready = await trio.to_thread.run_sync(read_until_ready, process, 2)
+            pids = set(ready)
+            redis = {re.search(rb'"redis":"([^"]+)"', line).group(1)  # type: ignore[union-attr]
+                     for line in ready.values()}
             async with httpx.AsyncClient(timeout=20) as http:
                 response = await http.post(f"{url}/v1/chat/completions",
                                            headers=MASTER_HEADERS,

@@ -11,7 +11,6 @@ router's cooldown applies as for any provider.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import hashlib
@@ -20,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import orjson
-import trio
 
 from triogate.errors import ProviderProtocolError
 from triogate.providers import bridge
 from triogate.providers.bedrock_eventstream import EventStreamDecoder
+from triogate.providers.chunk_source import ChunkSource
 from triogate.providers.cloud_errors import cloud_errors
 from triogate.providers.http import (
     SHAPE_ERRORS,
     egress_of,
-    map_exceptions,
     open_sse_response,
     post_json,
+    reply_shape,
 )
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sigv4 import AwsCredentials, sign
@@ -61,7 +60,7 @@ SERVICE = "bedrock"
 EVENT_STREAM = "application/vnd.amazon.eventstream"
 
 
-class EventStreamSource:
+class EventStreamSource(ChunkSource[dict[str, Any]]):
     """ConverseStream's events decoded from a streaming response, as dicts.
 
     An event is ``{event type: payload}`` (boto3's shape); an exception message is
@@ -69,10 +68,16 @@ class EventStreamSource:
     """
 
     def __init__(self, response: httpx.Response) -> None:
-        self._chunks = response.aiter_bytes()
+        super().__init__(response)
         self._decoder = EventStreamDecoder()
-        self._pending: collections.deque[dict[str, Any]] = collections.deque()
-        self._ended = False
+
+    def _feed(self, chunk: bytes) -> None:
+        for message in self._decoder.feed(chunk):
+            self._pending.append(self._event(message.headers, message.payload))
+
+    def _close(self) -> None:
+        self._ended = True
+        self._decoder.close()
 
     @staticmethod
     def _event(headers: Mapping[str, Any], payload: bytes) -> dict[str, Any]:
@@ -92,22 +97,7 @@ class EventStreamSource:
 
     async def next_event(self) -> dict[str, Any] | None:
         """The next event (a checkpoint). Raises ProviderError subclasses."""
-        if self._pending:
-            await trio.lowlevel.checkpoint()
-        while not self._pending:
-            if self._ended:
-                await trio.lowlevel.checkpoint()
-                return None
-            with map_exceptions():
-                try:
-                    chunk = await self._chunks.__anext__()
-                except StopAsyncIteration:
-                    self._ended = True
-                    self._decoder.close()
-                    continue
-            for message in self._decoder.feed(chunk):
-                self._pending.append(self._event(message.headers, message.payload))
-        return self._pending.popleft()
+        return await self._next_item()
 
     def next_nowait(self) -> dict[str, Any] | None:
         return self._pending.popleft() if self._pending else None
@@ -173,16 +163,13 @@ class BedrockProvider:
         request = chat_to_converse_request(bridge.chat_request(api, body))
         response = await self._post(deployment, "converse", request)
         created_s = int(self._clock())
-        try:
+        with reply_shape():
             usage = converse_usage(response.get("usage"))
             chat = converse_to_chat_response(
                 response, model=_model_id(deployment), created_s=created_s,
                 usage=usage or Usage(input_tokens=0, output_tokens=0),
                 ident=hashlib.sha256(orjson.dumps(response)).hexdigest()[:24])
             return bridge.answer(api, chat, request=body, usage=usage, created_s=created_s)
-        except SHAPE_ERRORS as exc:
-            raise ProviderProtocolError(
-                f"upstream reply has an unexpected shape: {exc!r}") from exc
 
     def stream(
         self, api: Api, body: Mapping[str, Any], deployment: Deployment

@@ -20,7 +20,13 @@ from triogate.errors import ProviderProtocolError
 from triogate.providers import bridge, vertex_claude
 from triogate.providers.cloud_errors import cloud_errors
 from triogate.providers.google_auth import GoogleTokens
-from triogate.providers.http import SHAPE_ERRORS, egress_of, open_sse_response, post_json
+from triogate.providers.http import (
+    SHAPE_ERRORS,
+    egress_of,
+    open_sse_response,
+    post_json,
+    reply_shape,
+)
 from triogate.providers.records import Completion, Usage
 from triogate.providers.sse_data import DataLineSource
 from triogate.providers.streaming import check_streamable
@@ -119,16 +125,13 @@ class GeminiProvider:
                 self._client, self._url(deployment, "generateContent"),
                 headers=await self._headers(deployment), body=request,
                 timeout_s=deployment.timeout_s, egress=egress_of(deployment))
-        try:
+        with reply_shape():
             usage = gemini_usage(response.get("usageMetadata"))
             chat = gemini_to_chat_response(
                 response, usage=usage or Usage(input_tokens=0, output_tokens=0),
                 created_s=int(self._clock()))
             return bridge.answer(api, chat, request=body, usage=usage,
                                  created_s=int(self._clock()))
-        except SHAPE_ERRORS as exc:
-            raise ProviderProtocolError(
-                f"upstream reply has an unexpected shape: {exc!r}") from exc
 
     def stream(
         self, api: Api, body: Mapping[str, Any], deployment: Deployment

@@ -165,6 +165,16 @@ async def read_bounded(response: httpx.Response, limit: int) -> bytes:
 SHAPE_ERRORS = (KeyError, TypeError, AttributeError, IndexError)
 
 
+@contextlib.contextmanager
+def reply_shape() -> Iterator[None]:
+    """Where an upstream reply is read: a reply of the wrong shape (see ``SHAPE_ERRORS``)
+    raises ProviderProtocolError."""
+    try:
+        yield
+    except SHAPE_ERRORS as exc:
+        raise ProviderProtocolError(f"upstream reply has an unexpected shape: {exc!r}") from exc
+
+
 @contextlib.asynccontextmanager
 async def open_sse_response(
     client: httpx.AsyncClient,

@@ -10,14 +10,12 @@ event names, without a Python-level pass over every byte.
 
 from __future__ import annotations
 
-import collections
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import trio
 
 from triogate.errors import ProviderProtocolError
-from triogate.providers.http import map_exceptions
+from triogate.providers.chunk_source import ChunkSource
 
 if TYPE_CHECKING:
     import httpx
@@ -26,15 +24,13 @@ if TYPE_CHECKING:
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
-class DataLineSource:
+class DataLineSource(ChunkSource[bytes]):
     """JSON objects from the ``data`` of each SSE event of a streaming response."""
 
     def __init__(self, response: httpx.Response) -> None:
-        self._chunks = response.aiter_bytes()
+        super().__init__(response)
         self._rest = b""  # an unfinished line (and a CR that may pair with the next LF)
         self._data: list[bytes] = []
-        self._pending: collections.deque[bytes] = collections.deque()
-        self._ended = False
 
     def _feed(self, chunk: bytes) -> None:
         data = self._rest + chunk
@@ -70,20 +66,9 @@ class DataLineSource:
 
     async def next_event(self) -> dict[str, Any] | None:
         """The next event's JSON (a checkpoint). Raises ProviderError subclasses."""
-        if self._pending:
-            await trio.lowlevel.checkpoint()
-        while not self._pending:
-            if self._ended:
-                await trio.lowlevel.checkpoint()
-                return None
-            with map_exceptions():
-                try:
-                    chunk = await self._chunks.__anext__()
-                except StopAsyncIteration:
-                    self._close()
-                    continue
-            self._feed(chunk)
-        raw = self._pending.popleft()
+        raw = await self._next_item()
+        if raw is None:
+            return None
         value = self._decode(raw)
         if value is None:
             raise ProviderProtocolError(f"upstream stream event is not a JSON object: "

@@ -15,8 +15,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from triogate.errors import ProviderProtocolError, ProviderStatusError, TranslationError
+from triogate.providers.chat_chunks import ChatChunks
 from triogate.providers.records import Usage
-from triogate.providers.translate_chat_messages import _arguments_object, _text_of
+from triogate.providers.translate_chat_messages import (
+    _append_turn,
+    _arguments_object,
+    _content_pieces,
+    _text_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -68,20 +74,7 @@ def _block(part: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"text": content}] if content else []
-    return [_block(part) for part in content]
-
-
-def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    if not blocks:
-        return
-    if turns and turns[-1]["role"] == role:  # Converse wants the roles to alternate
-        turns[-1]["content"].extend(blocks)
-    else:
-        turns.append({"role": role, "content": list(blocks)})
+    return _content_pieces(content, _block)
 
 
 def _tool_choice(choice: Any) -> dict[str, Any] | None:
@@ -109,7 +102,7 @@ def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
         if role in ("system", "developer"):
             system.append({"text": _text_of(message.get("content"))})
         elif role == "user":
-            _append(turns, "user", _blocks(message.get("content")))
+            _append_turn(turns, "user", _blocks(message.get("content")))
         elif role == "assistant":
             blocks = _blocks(message.get("content"))
             for call in message.get("tool_calls") or ():
@@ -117,9 +110,9 @@ def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
                 blocks.append({"toolUse": {
                     "toolUseId": call.get("id", ""), "name": function.get("name", ""),
                     "input": _arguments_object(function.get("arguments"))}})
-            _append(turns, "assistant", blocks)
+            _append_turn(turns, "assistant", blocks)
         elif role == "tool":
-            _append(turns, "user", [{"toolResult": {
+            _append_turn(turns, "user", [{"toolResult": {
                 "toolUseId": message.get("tool_call_id", ""),
                 "content": [{"text": _text_of(message.get("content"))}]}}])
         elif role == "function":
@@ -194,22 +187,12 @@ def converse_to_chat_response(
             "usage": usage.to_chat()}
 
 
-class ConverseToChat:
+class ConverseToChat(ChatChunks):
     """ConverseStream events (``{event type: payload}``) -> OpenAI chat chunks."""
 
     def __init__(self, *, created_s: int, model: str, ident: str) -> None:
-        self._created_s = created_s
-        self._model = model
-        self._id = f"chatcmpl-{ident}"
+        super().__init__(created_s=created_s, model=model, chunk_id=f"chatcmpl-{ident}")
         self._tool_of_block: dict[int, int] = {}
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self._id, "object": "chat.completion.chunk", "created": self._created_s,
-                "model": self._model, "choices": choices, **extra}
-
-    def _delta(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish,
-                             "logprobs": None}])
 
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One event's chunks.

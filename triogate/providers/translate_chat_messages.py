@@ -15,7 +15,7 @@ import orjson
 from triogate.errors import TranslationError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from triogate.providers.records import Usage
 
@@ -102,22 +102,31 @@ def _chat_part_to_block(part: Mapping[str, Any]) -> dict[str, Any]:
     raise TranslationError(f"content part of type {kind!r} cannot be sent to an Anthropic model")
 
 
-def _chat_content_to_blocks(content: Any) -> list[dict[str, Any]]:
+def _content_pieces(content: Any, piece: Callable[[Mapping[str, Any]], dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """A chat message's ``content`` (none, a string or a list of parts) as the pieces
+    ``piece`` makes of each part; a non-empty string counts as one text part."""
     if content is None:
         return []
     if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    return [_chat_part_to_block(part) for part in content]
+        return [piece({"type": "text", "text": content})] if content else []
+    return [piece(part) for part in content]
 
 
-def _append_turn(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    """Add blocks as a turn; consecutive turns of one role merge (Anthropic alternates)."""
+def _chat_content_to_blocks(content: Any) -> list[dict[str, Any]]:
+    return _content_pieces(content, _chat_part_to_block)
+
+
+def _append_turn(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]],
+                 key: str = "content") -> None:
+    """Add blocks as a turn under ``key``; consecutive turns of one role merge (Anthropic,
+    Converse and Gemini all want the roles to alternate)."""
     if not blocks:
         return
     if turns and turns[-1]["role"] == role:
-        turns[-1]["content"].extend(blocks)
+        turns[-1][key].extend(blocks)
     else:
-        turns.append({"role": role, "content": list(blocks)})
+        turns.append({"role": role, key: list(blocks)})
 
 
 def _chat_tool_choice_to_messages(choice: Any, parallel: Any) -> dict[str, Any] | None:

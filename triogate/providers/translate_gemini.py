@@ -17,8 +17,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from triogate.errors import ProviderStatusError, TranslationError
+from triogate.providers.chat_chunks import ChatChunks
 from triogate.providers.records import Usage
-from triogate.providers.translate_chat_messages import _arguments_object, _text_of
+from triogate.providers.translate_chat_messages import (
+    _append_turn,
+    _arguments_object,
+    _content_pieces,
+    _text_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -57,20 +63,7 @@ def _part(part: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"text": content}] if content else []
-    return [_part(part) for part in content]
-
-
-def _append(turns: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
-    if not parts:
-        return
-    if turns and turns[-1]["role"] == role:
-        turns[-1]["parts"].extend(parts)
-    else:
-        turns.append({"role": role, "parts": list(parts)})
+    return _content_pieces(content, _part)
 
 
 def _tool_response(content: Any) -> dict[str, Any]:
@@ -131,7 +124,7 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
         if role in ("system", "developer"):
             system.append({"text": _text_of(message.get("content"))})
         elif role == "user":
-            _append(turns, "user", _parts(message.get("content")))
+            _append_turn(turns, "user", _parts(message.get("content")), "parts")
         elif role == "assistant":
             parts = _parts(message.get("content"))
             for call in message.get("tool_calls") or ():
@@ -144,12 +137,12 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
                 if mark and signature:
                     part["thoughtSignature"] = signature
                 parts.append(part)
-            _append(turns, "model", parts)
+            _append_turn(turns, "model", parts, "parts")
         elif role == "tool":
             call_id = str(message.get("tool_call_id", ""))
-            _append(turns, "user", [{"functionResponse": {
+            _append_turn(turns, "user", [{"functionResponse": {
                 "name": names.get(call_id, call_id),
-                "response": _tool_response(message.get("content"))}}])
+                "response": _tool_response(message.get("content"))}}], "parts")
         else:
             raise TranslationError(f"message role {role!r} is not supported")
     out: dict[str, Any] = {"contents": turns}
@@ -257,7 +250,7 @@ def gemini_to_chat_response(
     }
 
 
-class GeminiToChat:
+class GeminiToChat(ChatChunks):
     """Streamed ``GenerateContentResponse`` objects -> OpenAI chat chunks.
 
     Gemini sends whole function calls in one chunk and cumulative ``usageMetadata``; the
@@ -265,19 +258,9 @@ class GeminiToChat:
     """
 
     def __init__(self, *, created_s: int, model: str | None) -> None:
-        self._created_s = created_s
-        self._model = model
-        self._id = "chatcmpl-gemini"
+        super().__init__(created_s=created_s, model=model, chunk_id="chatcmpl-gemini")
         self._started = False
         self._calls = 0
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self._id, "object": "chat.completion.chunk", "created": self._created_s,
-                "model": self._model, "choices": choices, **extra}
-
-    def _delta(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish,
-                             "logprobs": None}])
 
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One upstream event's chunks.

@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from triogate.errors import ProviderProtocolError
 from triogate.providers.http import (
-    SHAPE_ERRORS,
     egress_of,
     open_sse_response,
     post_json,
+    reply_shape,
     upstream_body,
 )
 from triogate.providers.http1 import DEFAULT_MAX_EVENT_BYTES
@@ -63,15 +62,13 @@ async def complete_via_hub(
         client, url, headers=headers, body=request, timeout_s=deployment.timeout_s,
         egress=egress_of(deployment),
     )
-    try:
+    with reply_shape():
         usage = hub.reported_usage(response) or Usage(
             input_tokens=estimate_input_tokens(api, body),
             output_tokens=count_output_tokens(hub.output_text(response)),
             reported=False,
         )
         out = hub.response(api, response, request=body, usage=usage, created_s=created_s)
-    except SHAPE_ERRORS as exc:
-        raise ProviderProtocolError(f"upstream reply has an unexpected shape: {exc!r}") from exc
     return Completion(body=out, usage=usage)
 
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from triogate.errors import ProviderProtocolError
 from triogate.providers.cloud_errors import cloud_errors
-from triogate.providers.http import SHAPE_ERRORS, egress_of, open_sse_response, post_json
+from triogate.providers.http import (
+    egress_of,
+    open_sse_response,
+    post_json,
+    reply_shape,
+)
 from triogate.providers.records import GATEWAY_ONLY_FIELDS, Completion, Usage
 from triogate.providers.sse import SSESource
 from triogate.providers.streaming import TranslatedStream
@@ -57,13 +61,11 @@ async def complete(client: httpx.AsyncClient, api: Api, body: Mapping[str, Any],
     with cloud_errors():
         response = await post_json(client, url, headers=headers, body=request,
                                    timeout_s=deployment.timeout_s, egress=egress_of(deployment))
-    try:
+    with reply_shape():
         usage = _HUB.reported_usage(response) or Usage(
             input_tokens=estimate_input_tokens(api, body),
             output_tokens=count_output_tokens(_HUB.output_text(response)), reported=False)
         out = _HUB.response(api, response, request=body, usage=usage, created_s=created_s)
-    except SHAPE_ERRORS as exc:
-        raise ProviderProtocolError(f"upstream reply has an unexpected shape: {exc!r}") from exc
     return Completion(body=out, usage=usage)
 
 

@@ -30,19 +30,17 @@ from urllib.parse import parse_qs
 import attrs
 import orjson
 import trio
-from hypercorn.trio import serve
 
+from triogate.testing.asgi import read_body, send_json, serving
 from triogate.testing.fakeupstream import (
     FakeUpstream,
     ReceivedRequest,
-    _config,
-    _send_json,
 )
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from triogate.testing.fakeupstream import Receive, Scope, Send
+    from triogate.testing.asgi import Receive, Scope, Send
 
 _FILTERED = {"hate": {"filtered": False, "severity": "safe"},
              "self_harm": {"filtered": False, "severity": "safe"},
@@ -114,12 +112,7 @@ class FakeAzure:
             return
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await read_body(receive)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
         path = scope["path"]
@@ -183,25 +176,25 @@ class FakeAzure:
         form = {k: v[-1] for k, v in parse_qs(raw.decode()).items()}
         self.token_requests.append(form)
         if "application/x-www-form-urlencoded" not in headers.get("content-type", ""):
-            await _send_json(send, 400, {"error": "invalid_request",
+            await send_json(send, 400, {"error": "invalid_request",
                                          "error_description": "AADSTS900144: form body "
                                          "expected"})
             return
         if form.get("grant_type") != "client_credentials" or not form.get("scope"):
-            await _send_json(send, 400, {"error": "invalid_request",
+            await send_json(send, 400, {"error": "invalid_request",
                                          "error_description": "AADSTS900144: The request "
                                          "body must contain grant_type and scope."})
             return
         if form.get("client_id") != self.client_id or form.get(
                 "client_secret") != self.client_secret:
-            await _send_json(send, 401, {"error": "invalid_client",
+            await send_json(send, 401, {"error": "invalid_client",
                                          "error_description": "AADSTS7000215: Invalid client "
                                          "secret provided."})
             return
         token = f"entra-token-{next(self._serial)}"
         self._tokens[token] = trio.current_time() + self.token_lifetime_s
         lifetime = int(self.token_lifetime_s)
-        await _send_json(send, 200, {"token_type": "Bearer", "expires_in": lifetime,
+        await send_json(send, 200, {"token_type": "Bearer", "expires_in": lifetime,
                                      "ext_expires_in": lifetime, "access_token": token})
 
 
@@ -242,17 +235,11 @@ class _AzureAnswer:
 
 async def _error(send: Send, status: int, body: dict[str, Any],
                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await _send_json(send, status, body, [(b"apim-request-id", b"fake"), *(headers or [])])
+    await send_json(send, status, body, [(b"apim-request-id", b"fake"), *(headers or [])])
 
 
 @contextlib.asynccontextmanager
 async def open_fake_azure(host: str = "127.0.0.1", **settings: Any) -> AsyncIterator[FakeAzure]:
     """Serve a :class:`FakeAzure` in a nursery of the caller's task; stop on exit."""
-    azure = FakeAzure(**settings)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, azure, _config(host, 0))
-        azure.base_url = binds[0]
-        try:
-            yield azure
-        finally:
-            nursery.cancel_scope.cancel()
+    async with serving(FakeAzure(**settings), host) as azure:
+        yield azure

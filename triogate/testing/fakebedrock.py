@@ -18,7 +18,6 @@ In tests::
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import collections
@@ -27,27 +26,29 @@ import datetime
 import hashlib
 import re
 import struct
-import sys
 import zlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import attrs
 import orjson
-import trio
 from botocore.auth import SigV4Auth  # type: ignore[import-untyped]
 from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
 from botocore.credentials import Credentials  # type: ignore[import-untyped]
-from hypercorn.trio import serve
 
-from triogate.testing.fakeupstream import _config, _embedding, _text_pieces, make_reply
+from triogate.testing.asgi import (
+    http_body,
+    send_events,
+    send_json,
+    serve_main,
+    serving,
+)
+from triogate.testing.fakeupstream import _embedding, _text_pieces, make_reply
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
 
-    Scope = dict[str, Any]
-    Receive = Callable[[], Awaitable[dict[str, Any]]]
-    Send = Callable[[dict[str, Any]], Awaitable[None]]
+    from triogate.testing.asgi import Receive, Scope, Send
 
 _ROUTE = re.compile(r"^/model/([^/]+)/(converse|converse-stream|invoke)$")
 _AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request,"
@@ -225,25 +226,12 @@ class FakeBedrock:
     # ----------------------------------------------------------------- ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                kind = message["type"].removeprefix("lifespan.")
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
-        if scope["type"] != "http":
+        if (raw := await http_body(scope, receive, send)) is None:
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         try:
             await self._handle(scope, raw, receive, send)
         except AwsError as error:
-            await _send_json(send, ERRORS.get(error.kind, 500), {"message": error.message},
+            await send_json(send, ERRORS.get(error.kind, 500), {"message": error.message},
                              [(b"x-amzn-errortype", f"{error.kind}:http://internal.amazon.com/"
                                "coral/com.amazon.bedrock/".encode())])
 
@@ -300,7 +288,7 @@ class FakeBedrock:
             content.append({"toolUse": {"toolUseId": "tooluse_" + call_id[5:], "name": name,
                                         "input": orjson.loads(arguments)}})
         if not stream:
-            await _send_json(send, 200, {
+            await send_json(send, 200, {
                 "output": {"message": {"role": "assistant", "content": content}},
                 "stopReason": stop, "usage": usage, "metrics": {"latencyMs": 1}})
             return
@@ -330,23 +318,9 @@ class FakeBedrock:
                 {":exception-type": self.stream_exception, ":content-type": "application/json",
                  ":message-type": "exception"},
                 orjson.dumps({"message": "Too many tokens, please wait before trying again."})))
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"application/vnd.amazon.eventstream"),
-                (b"x-amzn-requestid", hashlib.sha256(orjson.dumps(body)).hexdigest()[:36]
-                 .encode())]})
-            for count, data in enumerate(events):
-                if count and self.chunk_delay_s:
-                    await trio.sleep(self.chunk_delay_s)
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            nursery.cancel_scope.cancel()
+        await send_events(send, receive, events, self.chunk_delay_s, [
+            (b"content-type", b"application/vnd.amazon.eventstream"),
+            (b"x-amzn-requestid", hashlib.sha256(orjson.dumps(body)).hexdigest()[:36].encode())])
 
     async def _invoke(self, model: str, body: dict[str, Any], send: Send) -> None:
         if model.split(".", 1)[-1].startswith("titan-embed") or "titan-embed" in model:
@@ -355,13 +329,13 @@ class FakeBedrock:
                                                          "normalize", "embeddingTypes"}:
                 raise _invalid("Malformed input request: inputText is required")
             size = body.get("dimensions") or EMBEDDING_DIMENSIONS
-            await _send_json(send, 200, {"embedding": _embedding(f"{model}\0{text}", size),
+            await send_json(send, 200, {"embedding": _embedding(f"{model}\0{text}", size),
                                          "inputTextTokenCount": len(text.split())})
         elif "cohere.embed" in model:
             texts = body.get("texts")
             if not isinstance(texts, list) or not texts or not body.get("input_type"):
                 raise _invalid("Malformed input request: texts and input_type are required")
-            await _send_json(send, 200, {
+            await send_json(send, 200, {
                 "id": hashlib.sha256(orjson.dumps(texts)).hexdigest()[:16],
                 "embeddings": [_embedding(f"{model}\0{t}", EMBEDDING_DIMENSIONS)
                                for t in texts],
@@ -370,44 +344,17 @@ class FakeBedrock:
             raise _invalid(f"The provided model identifier is invalid: {model}")
 
 
-async def _send_json(send: Send, status: int, body: Any,
-                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    payload = orjson.dumps(body)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()), *(headers or [])]})
-    await send({"type": "http.response.body", "body": payload})
-
-
 @contextlib.asynccontextmanager
 async def open_fake_bedrock(host: str = "127.0.0.1", port: int = 0, **settings: Any
-                            ) -> AsyncIterator[FakeBedrock]:
+                           ) -> AsyncIterator[FakeBedrock]:
     """Serve a :class:`FakeBedrock` in a nursery of the caller's task; stop on exit."""
-    fake = FakeBedrock(**settings)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, fake, _config(host, port))
-        fake.base_url = binds[0]
-        try:
-            yield fake
-        finally:
-            nursery.cancel_scope.cancel()
+    async with serving(FakeBedrock(**settings), host, port) as fake:
+        yield fake
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m triogate.testing.fakebedrock --port N``: serve until Ctrl-C."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args(argv)
-
-    async def run() -> None:
-        async with open_fake_bedrock(args.host, args.port, record_requests=False) as fake:
-            print(fake.base_url, flush=True)
-            await trio.sleep_forever()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run)
-    sys.exit(0)
+    serve_main(__doc__.split("\n")[0], open_fake_bedrock, argv)
 
 
 if __name__ == "__main__":

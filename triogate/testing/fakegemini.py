@@ -20,7 +20,6 @@ In tests::
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import collections
@@ -28,35 +27,35 @@ import contextlib
 import hashlib
 import re
 import secrets
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import attrs
 import orjson
-import trio
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from hypercorn.trio import serve
 
+from triogate.testing.asgi import (
+    http_body,
+    send_events,
+    send_json,
+    serve_main,
+    serving,
+)
 from triogate.testing.fakeupstream import (
     FakeUpstream,
     HTTPError,
     ReceivedRequest,
-    _config,
     _embedding,
-    _send_json,
     _text_pieces,
     make_reply,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
 
-    Scope = dict[str, Any]
-    Receive = Callable[[], Awaitable[dict[str, Any]]]
-    Send = Callable[[dict[str, Any]], Awaitable[None]]
+    from triogate.testing.asgi import Receive, Scope, Send
 
 _GEMINI = re.compile(r"^/v1(?:beta|alpha)?/models/([^/:]+):(\w+)$")
 _VERTEX = re.compile(r"^/v1(?:beta1)?/projects/([^/]+)/locations/([^/]+)/publishers/google/"
@@ -230,28 +229,15 @@ class FakeGemini:
     # ----------------------------------------------------------------- ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                kind = message["type"].removeprefix("lifespan.")
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
-        if scope["type"] != "http":
+        if (raw := await http_body(scope, receive, send)) is None:
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         try:
             await self._handle(scope, raw, receive, send)
         except HTTPError as error:
             status = error.status
             body = {"error": {"code": status, "message": error.message,
                               "status": _STATUS_NAMES.get(status, "UNKNOWN")}}
-            await _send_json(send, status, body)
+            await send_json(send, status, body)
 
     async def _handle(self, scope: Scope, raw: bytes, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -316,7 +302,7 @@ class FakeGemini:
         self.token_requests += 1
         form = {k: v[-1] for k, v in parse_qs(raw.decode()).items()}
         if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
-            await _send_json(send, 400, {"error": "unsupported_grant_type"})
+            await send_json(send, 400, {"error": "unsupported_grant_type"})
             return
         try:
             head, claims_b64, signature = form["assertion"].split(".")
@@ -329,12 +315,12 @@ class FakeGemini:
             assert claims["aud"] == GOOGLE_TOKEN_AUDIENCE
             assert claims["exp"] > time.time() > claims["iat"] - 300
         except Exception:
-            await _send_json(send, 400, {"error": "invalid_grant",
+            await send_json(send, 400, {"error": "invalid_grant",
                                          "error_description": "Invalid JWT Signature."})
             return
         token = "ya29.fake-" + secrets.token_urlsafe(16)
         self._tokens[token] = time.time() + self.token_lifetime_s
-        await _send_json(send, 200, {"access_token": token, "expires_in": self.token_lifetime_s,
+        await send_json(send, 200, {"access_token": token, "expires_in": self.token_lifetime_s,
                                      "token_type": "Bearer"})
 
     async def _generate(self, model: str, body: dict[str, Any], send: Send, receive: Receive,
@@ -378,7 +364,7 @@ class FakeGemini:
                     "modelVersion": model, "responseId": ident}
 
         if not stream:
-            await _send_json(send, 200, response(parts, finish, usage))
+            await send_json(send, 200, response(parts, finish, usage))
             return
         pieces: list[list[dict[str, Any]]] = (
             [[p] for p in parts] if reply.tool_call is not None
@@ -390,8 +376,9 @@ class FakeGemini:
             events = events[:self.stream_error_after]
             events.append({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
                                      "message": "Resource has been exhausted."}})
-        await _stream(send, receive, [b"data: " + orjson.dumps(e) + b"\r\n\r\n" for e in events],
-                      self.chunk_delay_s)
+        await send_events(send, receive,
+                          [b"data: " + orjson.dumps(e) + b"\r\n\r\n" for e in events],
+                          self.chunk_delay_s)
 
     async def _embed(self, model: str, method: str, body: dict[str, Any], send: Send) -> None:
         if method == "predict":
@@ -403,7 +390,7 @@ class FakeGemini:
                 "values": _embedding(f"{model}\0{i['content']}", size or EMBEDDING_DIMENSIONS),
                 "statistics": {"token_count": len(str(i["content"]).split()),
                                "truncated": False}}} for i in instances]
-            await _send_json(send, 200, {"predictions": predictions})
+            await send_json(send, 200, {"predictions": predictions})
             return
         requests = body.get("requests") if method == "batchEmbedContents" else [body]
         if not isinstance(requests, list) or not requests:
@@ -417,56 +404,20 @@ class FakeGemini:
             size = request.get("outputDimensionality") or EMBEDDING_DIMENSIONS
             vectors.append({"values": _embedding(f"{model}\0{_texts(content['parts'])}", size)})
         answer = {"embedding": vectors[0]} if method == "embedContent" else {"embeddings": vectors}
-        await _send_json(send, 200, answer)
-
-
-async def _stream(send: Send, receive: Receive, events: list[bytes], delay_s: float) -> None:
-    async with trio.open_nursery() as nursery:
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(watch)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
-        for count, data in enumerate(events):
-            if count and delay_s:
-                await trio.sleep(delay_s)
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        nursery.cancel_scope.cancel()
+        await send_json(send, 200, answer)
 
 
 @contextlib.asynccontextmanager
 async def open_fake_gemini(host: str = "127.0.0.1", port: int = 0, **settings: Any
                            ) -> AsyncIterator[FakeGemini]:
     """Serve a :class:`FakeGemini` in a nursery of the caller's task; stop on exit."""
-    fake = FakeGemini(**settings)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, fake, _config(host, port))
-        fake.base_url = binds[0]
-        try:
-            yield fake
-        finally:
-            nursery.cancel_scope.cancel()
+    async with serving(FakeGemini(**settings), host, port) as fake:
+        yield fake
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m triogate.testing.fakegemini --port N``: serve until Ctrl-C."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args(argv)
-
-    async def run() -> None:
-        async with open_fake_gemini(args.host, args.port, record_requests=False) as fake:
-            print(fake.base_url, flush=True)
-            await trio.sleep_forever()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run)
-    sys.exit(0)
+    serve_main(__doc__.split("\n")[0], open_fake_gemini, argv)
 
 
 if __name__ == "__main__":

@@ -35,15 +35,13 @@ from urllib.parse import parse_qs
 import attrs
 import orjson
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
+
+from triogate.testing.asgi import http_body, send_json, serving
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
 
-    Scope = dict[str, Any]
-    Receive = Callable[[], Awaitable[dict[str, Any]]]
-    Send = Callable[[dict[str, Any]], Awaitable[None]]
+    from triogate.testing.asgi import Receive, Scope, Send
 
 #: Words of the prompt quoted in a reply.
 QUOTED_WORDS = 12
@@ -211,22 +209,8 @@ class FakeUpstream:
     # ----------------------------------------------------------------- ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if (body := await http_body(scope, receive, send)) is None:
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         path = scope["path"]
         anthropic = path.startswith("/v1/messages")
         try:
@@ -280,7 +264,7 @@ class FakeUpstream:
 
     async def _models(self, body: dict[str, Any], receive: Receive, send: Send) -> None:
         models = [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "triogate"}]
-        await _send_json(send, 200, {"object": "list", "data": models})
+        await send_json(send, 200, {"object": "list", "data": models})
 
     async def _chat(self, body: dict[str, Any], receive: Receive, send: Send) -> None:
         model, messages = body.get("model"), body.get("messages")
@@ -325,7 +309,7 @@ class FakeUpstream:
             message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
             if calls:
                 message["tool_calls"] = calls
-            await _send_json(
+            await send_json(
                 send,
                 200,
                 {
@@ -404,7 +388,7 @@ class FakeUpstream:
                 embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
             data.append({"object": "embedding", "index": index, "embedding": embedding})
         tokens = sum(len(text.split()) for text in inputs)
-        await _send_json(
+        await send_json(
             send,
             200,
             {
@@ -432,7 +416,7 @@ class FakeUpstream:
                 "category_scores": {"violence": 0.97 if flagged else 0.01, "hate": 0.0,
                                     "sexual": 0.0},
             })
-        await _send_json(send, 200, {"id": f"modr-{len(self.requests)}",
+        await send_json(send, 200, {"id": f"modr-{len(self.requests)}",
                                      "model": body.get("model") or "omni-moderation-latest",
                                      "results": results})
 
@@ -494,7 +478,7 @@ class FakeUpstream:
             "usage": usage,
         }
         if not body.get("stream"):
-            await _send_json(send, 200, message)
+            await send_json(send, 200, message)
             return
 
         def event(data: dict[str, Any]) -> bytes:
@@ -594,24 +578,6 @@ class FakeUpstream:
             nursery.cancel_scope.cancel()
 
 
-async def _send_json(
-    send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    payload = orjson.dumps(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
-
-
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
@@ -638,19 +604,10 @@ async def _send_error(send: Send, error: HTTPError, *, anthropic: bool) -> None:
         kind = _OPENAI_TYPES.get(error.status, "server_error")
         code = error.kind if error.kind and not error.kind.endswith("_error") else None
         body = {"error": {"message": error.message, "type": kind, "param": None, "code": code}}
-    await _send_json(send, error.status, body, headers)
+    await send_json(send, error.status, body, headers)
 
 
 # --------------------------------------------------------------------------- running
-
-
-def _config(host: str, port: int) -> Config:
-    config = Config()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.backlog = 1024
-    config.keep_alive_timeout = 75.0
-    return config
 
 
 @contextlib.asynccontextmanager
@@ -663,14 +620,8 @@ async def open_fake_upstream(
         host, port: where to listen (port 0: any free port; see ``base_url``).
         settings: initial attributes (``latency_s``, ``api_key``, ...).
     """
-    upstream = FakeUpstream(**settings)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, upstream, _config(host, port))
-        upstream.base_url = binds[0]
-        try:
-            yield upstream
-        finally:
-            nursery.cancel_scope.cancel()
+    async with serving(FakeUpstream(**settings), host, port) as upstream:
+        yield upstream
 
 
 def main(argv: list[str] | None = None) -> None:
