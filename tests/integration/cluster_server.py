@@ -284,6 +284,7 @@ class LocalCluster:
             "--dir", str(self.folder),
             "--logfile", str(self.folder / f"node-{port}.log"),
             "--save", "",
+            "--repl-diskless-sync-delay", "0",  # a replica syncs at once, not after 5 s
             "--appendonly", "no",
             "--daemonize", "no",
         ]

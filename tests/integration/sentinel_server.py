@@ -101,7 +101,9 @@ class LocalSentinel:
 
     def start_server(self, port: int, *, replica_of: int | None = None) -> None:
         ports = self.security.server_args(port) if self.security else ["--port", str(port)]
+        # A replica's first sync starts at once (the default waits 5 s for more replicas).
         argv = [self.server, "--bind", "127.0.0.1", *ports, "--save", "",
+                "--repl-diskless-sync-delay", "0",
                 "--appendonly", "no", "--dir", str(self.folder),
                 "--logfile", str(self.folder / f"server-{port}.log")]
         if replica_of is not None:
