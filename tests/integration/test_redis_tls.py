@@ -234,9 +234,11 @@ async def test_sentinel_over_tls_follows_a_failover_with_the_credentials(
 ) -> None:
     backend = SentinelBackend(tls_pair.url, command_timeout_s=2.0)
     try:
+        # WAIT 1: replication is asynchronous, and only a write the replica acknowledged
+        # is promised to outlive the primary's kill -9.
         with trio.fail_after(10):
-            assert await backend.execute([("SET", "k", "v"), ("ACL", "WHOAMI")]) == [
-                b"OK", b"app"]
+            assert await backend.execute(
+                [("SET", "k", "v"), ("ACL", "WHOAMI"), ("WAIT", 1, 2000)]) == [b"OK", b"app", 1]
         assert backend.primary == ("127.0.0.1", tls_pair.primary)
         await trio.to_thread.run_sync(tls_pair.kill, tls_pair.primary)
         promoted = await trio.to_thread.run_sync(tls_pair.wait_failover)
