@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import openai
+import orjson
 import pytest
 import trio
 import trustme
@@ -25,6 +26,8 @@ from tests.e2e.hostile_upstream import (
     chunked,
     serve_hostile,
 )
+from triogate.testing.fakeazure import open_fake_azure
+from triogate.testing.fakegemini import open_fake_gemini
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -290,3 +293,55 @@ async def test_a_proxy_that_refuses_is_a_502(
                           {"ssl_verify": servers.ca_file, "proxy": servers.proxy.url}))
     assert caught.value.status_code == 502
     assert servers.tls.requests == 0
+
+
+# ------------------------------------------------------------------ token endpoints
+
+
+async def _chat_on(tmp_path: Path, redis_url: str, deployment: dict[str, Any]) -> str:
+    """One chat completion through a gateway whose only group, ``cloud``, is ``deployment``."""
+    model_list = [{"model_name": "gpt-test", **deployment}]
+    async with running_gateway(gateway_config(
+            tmp_path / "state", redis_url, "http://127.0.0.1:9", model_list=model_list,
+            router_settings={"num_retries": 0})) as gw:
+        return await _chat(gw, stream=False)
+
+
+async def test_the_entra_token_is_fetched_through_the_deployments_proxy(
+    tmp_path: Path, redis: RespBackend, redis_url: str, servers: Servers
+) -> None:
+    """Behind a proxy that is the only way out, the token request must take it too."""
+    async with open_fake_azure(deployments={"gpt-4o-prod"}) as azure:
+        deployment = {"litellm_params": {
+            "model": "azure/gpt-4o-prod", "api_base": azure.base_url,
+            "api_version": "2024-10-21", "tenant_id": "contoso",
+            "client_id": azure.client_id, "client_secret": azure.client_secret,
+            "azure_authority_host": azure.base_url, "proxy": servers.proxy.url,
+            "input_cost_per_token": "0.000001", "output_cost_per_token": "0.000002"}}
+        with trio.fail_after(30):
+            assert await _chat_on(tmp_path, redis_url, deployment)
+        assert len(azure.token_requests) == 1
+    port = azure.base_url.rsplit(":", 1)[1].encode()
+    assert servers.proxy.lines[0] == (
+        b"POST http://127.0.0.1:%s/contoso/oauth2/v2.0/token HTTP/1.1" % port)
+
+
+async def test_the_vertex_token_is_fetched_through_the_global_proxy(
+    tmp_path: Path, redis: RespBackend, redis_url: str, servers: Servers
+) -> None:
+    async with open_fake_gemini() as google:
+        deployment = {"litellm_params": {
+            "model": "vertex_ai/gemini-1.5-pro", "api_base": google.base_url,
+            "vertex_project": "test-project", "vertex_location": "europe-west4",
+            "vertex_credentials": orjson.dumps(google.service_account()).decode(),
+            "input_cost_per_token": "0.000001", "output_cost_per_token": "0.000002"}}
+        model_list = [{"model_name": "gpt-test", **deployment}]
+        config = gateway_config(tmp_path / "state", redis_url, "http://127.0.0.1:9",
+                                model_list=model_list, router_settings={"num_retries": 0},
+                                triogate={"http": {"proxy": servers.proxy.url}})
+        with trio.fail_after(30):
+            async with running_gateway(config) as gw:
+                assert await _chat(gw, stream=False)
+        assert google.token_requests == 1
+    port = google.base_url.rsplit(":", 1)[1].encode()
+    assert servers.proxy.lines[0] == b"POST http://127.0.0.1:%s/token HTTP/1.1" % port

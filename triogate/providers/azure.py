@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from triogate.config import AZURE_API_VERSION, AzureSettings
 from triogate.providers.azure_auth import AzureTokens
+from triogate.providers.http import egress_of
 from triogate.providers.openai import embed
 from triogate.providers.streaming import check_streamable
 from triogate.providers.translate import ChatHub
@@ -61,7 +62,7 @@ class AzureProvider:
         return f"{base}/openai/deployments/{name}{path}?api-version={version}"
 
     async def _headers(self, deployment: Deployment) -> dict[str, str]:
-        token = await self.tokens.bearer(self._settings(deployment))
+        token = await self.tokens.bearer(self._settings(deployment), egress_of(deployment))
         if token is not None:
             return {"authorization": f"Bearer {token}"}
         return {"api-key": deployment.api_key} if deployment.api_key else {}

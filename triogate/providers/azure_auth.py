@@ -18,6 +18,7 @@ import orjson
 import trio
 
 from triogate.errors import ProviderProtocolError, ProviderStatusError
+from triogate.providers.egress import DIRECT, Egress
 from triogate.providers.http import map_exceptions, request_timeout
 
 if TYPE_CHECKING:
@@ -58,8 +59,10 @@ class AzureTokens:
         #: Token requests sent (for tests and metrics).
         self.fetches = 0
 
-    async def bearer(self, settings: AzureSettings) -> str | None:
+    async def bearer(self, settings: AzureSettings, egress: Egress = DIRECT) -> str | None:
         """The bearer token for ``settings``, or None when it authenticates by api key.
+        The token endpoint is reached the deployment's way out (``egress``: its proxy and
+        TLS trust), as the deployment itself is.
 
         Raises:
             ProviderStatusError: the token endpoint refused the credentials (401).
@@ -79,11 +82,11 @@ class AzureTokens:
         async with lock:
             token = self._tokens.get(key)
             if token is None or self._clock() >= token.refresh_at:
-                token = await self._fetch(settings)
+                token = await self._fetch(settings, egress)
                 self._tokens[key] = token
         return token.value
 
-    async def _fetch(self, settings: AzureSettings) -> _Token:
+    async def _fetch(self, settings: AzureSettings, egress: Egress) -> _Token:
         assert settings.token_url is not None
         form = {"grant_type": "client_credentials", "client_id": settings.client_id or "",
                 "client_secret": settings.client_secret or "", "scope": SCOPE}
@@ -91,7 +94,8 @@ class AzureTokens:
         started = self._clock()
         with map_exceptions(), trio.fail_after(TOKEN_TIMEOUT_S):
             response = await self._client.post(
-                settings.token_url, data=form, timeout=request_timeout(TOKEN_TIMEOUT_S))
+                settings.token_url, data=form, timeout=request_timeout(TOKEN_TIMEOUT_S),
+                extensions={"triogate_egress": egress})
             content = await response.aread()
         if response.status_code >= 400:
             text = content.decode(errors="replace")

@@ -105,7 +105,8 @@ class GeminiProvider:
         if not self._vertex:
             return {"x-goog-api-key": deployment.api_key} if deployment.api_key else {}
         assert deployment.cloud is not None
-        token = await self._tokens.token(deployment.cloud, timeout_s=deployment.timeout_s)
+        token = await self._tokens.token(deployment.cloud, timeout_s=deployment.timeout_s,
+                                         egress=egress_of(deployment))
         return {"authorization": f"Bearer {token}"}
 
     async def complete(

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from triogate.errors import ProviderError, ProviderProtocolError, ProviderStatusError
+from triogate.providers.egress import DIRECT, Egress
 from triogate.providers.http import map_exceptions, request_timeout
 
 if TYPE_CHECKING:
@@ -104,8 +105,10 @@ class GoogleTokens:
             self._accounts[source] = account
         return account
 
-    async def token(self, cloud: CloudParams, *, timeout_s: float) -> str:
-        """A fresh access token for ``cloud``'s service account (a checkpoint).
+    async def token(self, cloud: CloudParams, *, timeout_s: float,
+                    egress: Egress = DIRECT) -> str:
+        """A fresh access token for ``cloud``'s service account (a checkpoint), the token
+        endpoint reached through ``egress`` (the deployment's proxy and TLS trust).
 
         Raises:
             ProviderStatusError: the token endpoint refused (401 for the client's view).
@@ -123,11 +126,12 @@ class GoogleTokens:
             token = self._tokens.get(key)
             if token is not None and token.expires_at - REFRESH_BEFORE_S > self._clock():
                 return token.value
-            token = await self._fetch(account, url, timeout_s)
+            token = await self._fetch(account, url, timeout_s, egress)
             self._tokens[key] = token
             return token.value
 
-    async def _fetch(self, account: dict[str, Any], url: str, timeout_s: float) -> _Token:
+    async def _fetch(self, account: dict[str, Any], url: str, timeout_s: float,
+                     egress: Egress) -> _Token:
         now = self._clock()
         try:
             # Google's endpoint wants its own URL as the audience, wherever it is reached.
@@ -138,7 +142,7 @@ class GoogleTokens:
         with map_exceptions(), trio.fail_after(timeout_s):
             response = await self._client.post(
                 url, data={"grant_type": JWT_BEARER, "assertion": assertion},
-                timeout=request_timeout(timeout_s))
+                timeout=request_timeout(timeout_s), extensions={"triogate_egress": egress})
             content = await response.aread()
         if response.status_code >= 400:
             # The endpoint's text only (it never echoes the assertion's key).

@@ -119,11 +119,33 @@ def hypercorn_config(host: str, port: int) -> Config:
     return config
 
 
+def origin_form(app: Served) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """``app`` given the path of an absolute-form request target as well.
+
+    A server must accept ``POST http://host:port/path`` (RFC 9112, section 3.2.2), which a
+    client sends through a forwarding proxy; hypercorn hands it on whole as the path.
+    """
+    async def app_of_origin_form(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and "://" in path:
+            rest = path.split("://", 1)[1]
+            origin_path = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+            raw = scope.get("raw_path") or path.encode()
+            raw_rest = raw.split(b"://", 1)[1]
+            scope = {**scope, "path": origin_path,
+                     "raw_path": b"/" + raw_rest.split(b"/", 1)[1] if b"/" in raw_rest
+                     else b"/"}
+        await app(scope, receive, send)
+
+    return app_of_origin_form
+
+
 @contextlib.asynccontextmanager
 async def serving(app: App, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[App]:
-    """Serve ``app`` in a nursery of the caller's task, set its ``base_url``; stop on exit."""
+    """Serve ``app`` in a nursery of the caller's task, set its ``base_url``; stop on exit.
+    Absolute-form request targets (from a forwarding proxy) reach it in origin form."""
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, app, hypercorn_config(host, port))
+        binds = await nursery.start(serve, origin_form(app), hypercorn_config(host, port))
         app.base_url = binds[0]
         try:
             yield app
