@@ -11,7 +11,8 @@ import attrs
 import pytest
 
 from triogate import cli, docgen
-from triogate.config import ConfigFile, load_config
+from triogate.config import load_config
+from triogate.config_file import ConfigFile
 
 ROOT = Path(__file__).resolve().parents[2]
 

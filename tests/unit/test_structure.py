@@ -36,11 +36,15 @@ ALLOWED: dict[str, frozenset[str]] = {name: frozenset(deps) for name, deps in {
     "config_litellm": ("errors",),
     "config_governance": ("errors",),
     "config_cloud": (),  # the cloud providers' settings (Bedrock, Gemini, Vertex AI)
-    "config": ("triogate", "errors", "config_cloud", "config_litellm", "config_governance"),
+    "config_settings": (),  # the ``triogate:`` section's settings
+    "config_file": ("config_settings",),  # the file's shape, LiteLLM's sections
+    "config": ("triogate", "errors", "config_cloud", "config_file", "config_litellm",
+               "config_governance", "config_settings"),
     "redis_server": ("errors",),
     "store": ("errors",),
     "providers": ("_watch", "config", "config_cloud", "errors"),
-    "governance": ("batch", "config", "config_governance", "errors", "store"),
+    "governance": ("batch", "config", "config_governance", "config_settings", "errors",
+                   "store"),
     "routing": ("batch", "config", "config_litellm", "errors", "governance"),
     "cache": ("batch", "config", "governance", "providers"),
     "otel": ("batch", "config", "routing"),
@@ -54,7 +58,7 @@ ALLOWED: dict[str, frozenset[str]] = {name: frozenset(deps) for name, deps in {
     "asgi": ("_log", "api", "app", "config", "errors"),  # the ASGI application: app's lifespan
     "bench": ("api", "app", "batch", "config", "errors", "redis_server"),
     "cli": ("_log", "app", "asgi", "bench", "config", "errors", "redis_server", "server"),
-    "docgen": ("api", "cli", "config"),  # the generated documentation pages
+    "docgen": ("api", "cli", "config_file"),  # the generated documentation pages
     "__main__": ("cli",),
 }.items()}
 

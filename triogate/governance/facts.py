@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, final
 import attrs
 
 if TYPE_CHECKING:
-    from triogate.config import GovernanceSettings, PolicySettings
+    from triogate.config_settings import GovernanceSettings, PolicySettings
     from triogate.governance.principals import Limits, Principal
 
 #: What a check does when Redis does not answer.

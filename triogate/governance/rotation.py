@@ -30,7 +30,7 @@ from triogate.store.records import parse_duration
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from triogate.config import KeyRotationSettings
+    from triogate.config_settings import KeyRotationSettings
     from triogate.governance.identity import IdentityResolver
     from triogate.store import KeyRow, Store
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.integration.lua.models import LedgerModel, WindowModel
-from triogate.config import GovernanceSettings, PolicySettings
+from triogate.config_settings import GovernanceSettings, PolicySettings
 from triogate.governance.facts import CheckSettings, Window
 from triogate.governance.keys import budget_keys, principal_tag, rate_window_key
 from triogate.governance.local import LocalBudgets, LocalGovernance, LocalWindows

@@ -12,8 +12,8 @@ from triogate.config import (
     MockSettings,
     Price,
     RouterSettings,
-    TriogateSettings,
 )
+from triogate.config_settings import TriogateSettings
 from triogate.routing.state import DeploymentState, GroupState, RoutingState
 
 if TYPE_CHECKING:
