@@ -67,3 +67,44 @@ async def test_request_lines_carry_the_request_id_and_no_secrets(
             continue
         assert answer is not None and answer["object"] == "chat.completion"
         assert answer["choices"][0]["message"]["content"]
+
+
+async def test_an_unreachable_deployment_is_named_with_its_reason(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator sees which deployment failed and why: in a warning of the router, and
+    on the request's own line; never the upstream's key."""
+    listener = trio.socket.socket()  # a port nothing listens on: bound, never listening
+    await listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    config = gateway_config(
+        tmp_path / "state", redis_url, upstream.base_url,
+        model_list=[{"model_name": "gpt-down", "model_info": {"id": "down-1"},
+                     "litellm_params": {"model": "openai/gpt-up",
+                                        "api_base": f"http://127.0.0.1:{port}/v1",
+                                        "api_key": "sk-upstream-secret-1",
+                                        "input_cost_per_token": "0.000001",
+                                        "output_cost_per_token": "0.000002"}}],
+        router_settings={"num_retries": 1})
+    caplog.set_level(logging.INFO)
+    try:
+        with trio.fail_after(30):
+            async with running_gateway(config) as gateway, httpx.AsyncClient() as http:
+                response = await http.post(
+                    f"{gateway.openai_base}/chat/completions",
+                    headers={"authorization": f"Bearer {MASTER_KEY}"},
+                    json={"model": "gpt-down", "messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        listener.close()
+    assert response.status_code == 502
+    lines = [orjson.loads(JsonFormatter().format(r)) for r in caplog.records]
+    assert "sk-upstream-secret-1" not in orjson.dumps(lines).decode()
+    (warning,) = [line for line in lines if line["logger"] == "triogate.routing"]
+    assert warning["level"] == "warning"
+    assert warning["deployment"] == "down-1" and warning["model_group"] == "gpt-down"
+    assert warning["error"].startswith("ProviderConnectError: ")
+    (request,) = [line for line in lines if line["message"] == "request"]
+    assert request["status"] == "error"
+    assert request["error"].startswith("ProviderConnectError: ")
+    assert request["attempted"] == ["down-1", "down-1"]  # num_retries: 1

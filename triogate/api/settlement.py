@@ -23,6 +23,7 @@ from triogate.governance import budgets, rate_limits
 from triogate.governance.settle import settle as governance_settle
 from triogate.otel import RequestSpans
 from triogate.providers.records import Usage
+from triogate.routing.failures import describe
 from triogate.store.records import SpendLogRow
 
 if TYPE_CHECKING:
@@ -183,8 +184,8 @@ def settle(services: Services, call: Call, admitted: Admission, *, outcome: Outc
     _guarded(services, call, "metrics", _observe, services, call, admitted, outcome,
              duration_s, cost, fallback=None)
     if logger.isEnabledFor(logging.INFO):  # the line's dict only when it is written
-        _guarded(services, call, "log", _log_line, call, outcome, deployment, duration_s,
-                 cost, log_prompts=settings.log_prompts, fallback=None)
+        _guarded(services, call, "log", _log_line, call, admitted, outcome, deployment,
+                 duration_s, cost, log_prompts=settings.log_prompts, fallback=None)
     if services.spans is not None:
         _guarded(services, call, "spans", _request_done, services, call, admitted, outcome,
                  settle_started_s, cost, fallback=None)
@@ -269,8 +270,8 @@ def _request_done(services: Services, call: Call, admitted: Admission, outcome: 
     services.spans.request_done(_spans(call, admitted, outcome, settle_started_s, cost))
 
 
-def _log_line(call: Call, outcome: Outcome, deployment: Deployment | None, duration_s: float,
-              cost: int, *, log_prompts: bool) -> None:
+def _log_line(call: Call, admitted: Admission, outcome: Outcome, deployment: Deployment | None,
+              duration_s: float, cost: int, *, log_prompts: bool) -> None:
     line: dict[str, object] = {
         "trace_id": call.trace_id,
         "route": call.route,
@@ -283,6 +284,10 @@ def _log_line(call: Call, outcome: Outcome, deployment: Deployment | None, durat
         "cost_nanousd": cost,
         "stream": call.stream,
     }
+    if outcome.error is not None:  # why, and which deployments were tried
+        line["error"] = describe(outcome.error)
+        if admitted.routing is not None:
+            line["attempted"] = [a.deployment_id for a in admitted.routing.attempts]
     if log_prompts:  # off by default: prompts and answers are the users' data
         line["request_body"] = call.body
         line["response_body"] = outcome.body

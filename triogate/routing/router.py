@@ -29,6 +29,7 @@ from triogate.errors import TriogateError
 from triogate.governance.decisions import Allowed, Rejected
 from triogate.routing import cooldowns, keys, strategies
 from triogate.routing.cooldowns import NoDeploymentAvailable as NoDeploymentAvailable
+from triogate.routing.failures import FailureLog
 from triogate.routing.models import bind
 from triogate.routing.retries import Attempt as Attempt
 from triogate.routing.retries import RetryPolicy, is_retryable, run_with_fallbacks
@@ -128,6 +129,8 @@ class Router:
             num_retries=config.router.num_retries, retry_after_s=config.router.retry_after_s
         )
         self.mirror = LocalMirror()
+        #: Warnings about failing deployments (one per deployment per 10 s).
+        self.failures = FailureLog()
 
     @property
     def strategy(self) -> str:
@@ -400,6 +403,9 @@ class Router:
                     attempt.deployment_id, now_ms=now_ms, latency_ms=attempt.latency_s * 1000
                 )
             elif attempt.error is not None and is_retryable(attempt.error):
+                known = self._by_id.get(attempt.deployment_id)
+                self.failures.note(known.group if known else state.group,
+                                   attempt.deployment_id, attempt.error, now_ms=now_ms)
                 self.mirror.note_failure(
                     attempt.deployment_id,
                     now_ms=now_ms,
