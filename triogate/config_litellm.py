@@ -7,6 +7,7 @@ normalises a file; nothing here reads the environment (the caller passes it).
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 from importlib import resources
 from types import MappingProxyType
@@ -368,6 +369,22 @@ _PRICES: Mapping[str, list[float]] = MappingProxyType(json.loads(
 )["usd_per_million_tokens"])
 
 
+#: What may follow a listed name in a name it prices: a date (``-2024-11-20``,
+#: ``-20241022``, ``@20241022``), a short snapshot number (``-0613``, ``-001``) or
+#: ``-latest``, then perhaps a version (``-v1:0``). ``gpt-4-1106-preview``,
+#: ``claude-opus-4-5`` or ``gemini-2.5-flash-lite`` are other models, priced otherwise.
+_SNAPSHOT = re.compile(r"[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{3,4}|latest)(?:-v\d+(?::\d+)?)?")
+
+
+def priced_name(model: str, names: Mapping[str, object]) -> str | None:
+    """The name of ``names`` (a price table) that prices ``model``: itself, or the longest
+    name of which it is a dated snapshot; None when there is none."""
+    if model in names:
+        return model
+    return max((n for n in names if model.startswith(n) and _SNAPSHOT.fullmatch(model[len(n):])),
+               key=len, default=None)
+
+
 #: Cross-region inference profile prefixes of Bedrock model ids (``us.anthropic.…``).
 _BEDROCK_REGIONS = frozenset(("us", "eu", "apac", "global", "us-gov", "jp", "au", "ca"))
 
@@ -387,8 +404,7 @@ def listed_price(provider: str, model: str, info: Mapping[str, Any]) -> tuple[st
         base = str(info.get("base_model") or model)
         names = [base, base.removeprefix("azure/"), model]
     for name in names:
-        found = name if name in _PRICES else max(
-            (n for n in _PRICES if name.startswith(f"{n}-")), key=len, default=None)
+        found = priced_name(name, _PRICES)
         if found is not None:
             inp, out = (str(Decimal(str(v)) / 1_000_000) for v in _PRICES[found])
             return inp, out

@@ -15,6 +15,7 @@ A wildcard deployment's price is the config's when it gives one, else the bundle
 from __future__ import annotations
 
 import json
+import logging
 import re
 from decimal import Decimal
 from importlib import resources
@@ -23,12 +24,14 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from triogate.config import Price
-from triogate.config_litellm import provider_of
+from triogate.config_litellm import priced_name, provider_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
     from triogate.config import Deployment, GatewayConfig
+
+logger = logging.getLogger("triogate.routing")
 
 
 @final
@@ -112,7 +115,28 @@ def bind(deployment: Deployment, model: str | None) -> Deployment:
         # LiteLLM's other provider names are listed as provider/model.
         listed = table_price(f"{deployment.provider}/{upstream}")
         price = listed if listed != Price() else price
+    if price == Price() and not deployment.priced:
+        _warn_unpriced(deployment, upstream)
     return attrs.evolve(deployment, upstream_model=upstream, price=price)
+
+
+#: Models already warned about as unpriced, and the most this process warns about (the
+#: names come from clients: a bounded set, not one line per request).
+_UNPRICED: set[str] = set()
+MAX_UNPRICED_WARNINGS = 100
+
+
+def _warn_unpriced(deployment: Deployment, upstream: str) -> None:
+    name = f"{deployment.provider}/{upstream}"
+    if name in _UNPRICED or len(_UNPRICED) >= MAX_UNPRICED_WARNINGS:
+        return
+    _UNPRICED.add(name)
+    logger.warning(
+        "%s, served by the wildcard %r, has no price in the config or the packaged table: "
+        "it is charged nothing; give the deployment input_cost_per_token and "
+        "output_cost_per_token%s", name, deployment.group,
+        "" if len(_UNPRICED) < MAX_UNPRICED_WARNINGS else " (no more such warnings)",
+        extra={"model": name, "model_group": deployment.group})
 
 
 def _read_table() -> dict[str, tuple[Decimal, Decimal]]:
@@ -136,8 +160,7 @@ def table_price(model: str) -> Price:
     """The bundled list price of ``model`` (or of the name it is a dated snapshot of);
     zero when the table does not know it."""
     table = _table()
-    name = model if model in table else max(
-        (n for n in table if model.startswith(f"{n}-")), key=len, default=None)
+    name = priced_name(model, table)
     if name is None:
         return Price()
     inp, out = table[name]

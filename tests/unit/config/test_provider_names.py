@@ -66,7 +66,8 @@ def test_a_model_without_a_price_is_refused_unless_the_deployment_gives_one() ->
 
 
 def test_azure_settings() -> None:
-    d = load("azure/gpt-4o-prod", {"AZURE_API_KEY": "key"}, api_base="https://r.openai.azure.com/")
+    d = load("azure/gpt-4o-2024-08-06", {"AZURE_API_KEY": "key"},
+             api_base="https://r.openai.azure.com/")
     assert (d.api_base, d.api_key) == ("https://r.openai.azure.com", "key")
     assert d.azure is not None and d.azure.api_version == "2024-10-21"
     assert d.azure.token_url is None and d.azure.ad_token is None
@@ -87,6 +88,9 @@ def test_azure_settings() -> None:
     ({"api_base": "https://r", "tenant_id": "t"}, "need tenant_id, client_id and client_secret"),
     ({}, "azure/ models need api_base"),
     ({"api_base": "https://r", "model": "azure/unknown-name"}, "no price"),
+    # A deployment name that begins with a model's is not that model (gpt-4-32k is not
+    # gpt-4): it needs model_info.base_model or a price.
+    ({"api_base": "https://r", "model": "azure/gpt-4o-prod"}, "or model_info.base_model"),
 ])
 def test_azure_refusals(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

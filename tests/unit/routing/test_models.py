@@ -69,9 +69,44 @@ def test_the_price_table() -> None:
     assert table_price("gpt-4o-mini-2024-07-18") == table_price("gpt-4o-mini")
     assert table_price("gpt-4o-mini") != table_price("gpt-4o")
     assert table_price("gpt-4-turbo-2024-04-09").input_usd_per_token == Decimal("0.00001")
-    assert table_price("unknown-model") == Price()
     assert all(m.startswith("claude") for m in table_models(["anthropic"]))
     assert "gpt-4o" in table_models(["openai"])
+    assert table_price("unknown-model") == Price()
+
+
+@pytest.mark.parametrize(("model", "priced_as"), [
+    ("gpt-4o-2024-08-06", "gpt-4o"),
+    ("gpt-4-0613", "gpt-4"),
+    ("gpt-3.5-turbo-0125", "gpt-3.5-turbo"),
+    ("claude-sonnet-4-20250514", "claude-sonnet-4"),
+    ("claude-3-5-sonnet-latest", "claude-3-5-sonnet"),
+    ("claude-opus-4-5-20251101", "claude-opus-4-5"),
+    ("gemini/gemini-2.0-flash-001", "gemini/gemini-2.0-flash"),
+    ("gemini/gemini-2.5-flash-lite", "gemini/gemini-2.5-flash-lite"),
+    # Other models whose names begin with a listed one: never its price.
+    ("gpt-4-1106-preview", None),
+    ("claude-opus-4-7", None),
+    ("xai/grok-3-fast", None),
+    ("perplexity/sonar-deep-research", None),
+])
+def test_a_name_prices_its_snapshots_and_no_other_model(model: str, priced_as: str | None,
+                                                        ) -> None:
+    assert table_price(model) == (table_price(priced_as) if priced_as else Price())
+    assert priced_as is None or table_price(model) != Price()
+
+
+def test_an_unpriced_wildcard_model_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = _config(("anthropic/*", "anthropic/*"))
+    deployment = config.groups["anthropic/*"][0]
+    with caplog.at_level("WARNING", logger="triogate.routing"):
+        for _ in range(3):
+            assert bind(deployment, "anthropic/claude-next-unlisted").price == Price()
+        bind(deployment, "anthropic/claude-3-5-haiku-20241022")  # priced: no warning
+    (record,) = caplog.records
+    assert "anthropic/claude-next-unlisted" in record.getMessage()
+    assert "charged nothing" in record.getMessage()
 
 
 def test_context_window_errors_are_recognised() -> None:
