@@ -223,6 +223,46 @@ async def test_post_call_masks_or_blocks_the_answer(
         assert '"mode":"post_call","status":"blocked"' in (blocked.guardrails or "")
 
 
+async def test_post_call_reads_a_stream_before_any_event_leaves(
+        tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream) -> None:
+    """``stream: true`` is no way around a post-call guardrail: the answer is checked
+    whole, then streamed (masked); a block is a 400 before any event."""
+    masking = content_filter("answers", "post_call", blocked_words=[
+        {"keyword": "Fake", "action": "MASK"}])
+    async with make_gateway(tmp_path, redis_url, upstream,
+                            [masking, deny_filter("post_call", "banana")]) as gateway:
+        with trio.fail_after(20):
+            stream = await oai(gateway).chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "hello there"}],
+                max_tokens=40, stream=True, stream_options={"include_usage": True})
+            chunks = [chunk async for chunk in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text.startswith("[FAKE_REDACTED] reply from")
+        assert "Fake" not in text
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens > 0
+        # The upstream was asked for the whole answer, not a stream.
+        assert "stream" not in upstream.requests[-1].json
+        assert "stream_options" not in upstream.requests[-1].json
+
+        with trio.fail_after(20), pytest.raises(anthropic.BadRequestError) as caught:
+            async with anthropic.AsyncAnthropic(
+                    base_url=gateway.url, api_key=MASTER_KEY, max_retries=0).messages.stream(
+                    model="gpt-test", max_tokens=40,
+                    messages=[{"role": "user", "content": "say banana"}]) as events:
+                async for _ in events:
+                    pass
+        assert "Violated guardrail policy 'deny'" in str(caught.value)
+
+        rows = await spend_rows(gateway, 2)
+        streamed = next(r for r in rows if r.status == "success")
+        assert streamed.output_tokens == usage.completion_tokens
+        assert streamed.cost_nanousd > 0
+        blocked = next(r for r in rows if r.status == "error")
+        assert blocked.http_status == 400 and blocked.cost_nanousd > 0  # answered: paid
+        assert '"mode":"post_call","status":"blocked"' in (blocked.guardrails or "")
+
+
 async def test_during_call_runs_next_to_the_model_call(
         tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
         service: JsonService) -> None:

@@ -87,6 +87,8 @@ async def serve(services: Services, call: Call) -> Response:
             raise error
         if admitted.cached is not None:
             return await _from_cache(services, call, admitted)
+        if call.stream and guarding.wanted(services, call, "post_call"):
+            return await _stream_checked(services, call, admitted)
         if call.stream:
             return await _stream(services, call, admitted)
         return await _complete(services, call, admitted)
@@ -164,10 +166,25 @@ async def _route(
 
 
 async def _complete(services: Services, call: Call, admitted: Admission) -> Response:
+    result, outcome = await _checked_answer(services, call, admitted)
+    headers = response_headers(services, call, admitted, deployment=result.deployment,
+                               cost_nanousd=settlement.cost_nanousd(outcome))
+    return SettledAfter(orjson.dumps(result.value.body), headers, services, call, admitted,
+                        outcome)
+
+
+async def _checked_answer(
+    services: Services, call: Call, admitted: Admission,
+) -> tuple[RouteResult[Completion], settlement.Outcome]:
+    """The model's whole answer, read (and perhaps masked) by the ``post_call``
+    guardrails; a block is settled as paid and raised. The upstream is asked without
+    streaming, whatever the client asked for."""
     async def attempt(deployment: Deployment) -> Completion:
         provider = services.providers[deployment.provider]
-        return await provider.complete(call.api, controls.body_for(call, deployment),
-                                       deployment)
+        body = controls.body_for(call, deployment)
+        if call.stream:
+            body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        return await provider.complete(call.api, body, deployment)
 
     with admission.keep_leases(services, admitted):
         routed = _guarded_route(services, call, admitted, attempt)
@@ -180,10 +197,32 @@ async def _complete(services: Services, call: Call, admitted: Admission) -> Resp
         rejected = await guarding.post_call(services, call, admitted, completion.body)
         if rejected is not None:
             _refuse_answered(services, call, admitted, outcome, rejected)
+    return result, outcome
+
+
+async def _stream_checked(services: Services, call: Call, admitted: Admission) -> Response:
+    """A stream whose answer ``post_call`` guardrails read: nothing leaves before they
+    passed. The whole answer is asked for, checked (masked, or refused with a 400 before
+    any event), settled, then sent as the events of the client's API (as a cached answer
+    is): the first token waits for the last, the price of a check that sees it all."""
+    result, outcome = await _checked_answer(services, call, admitted)
+    try:
+        events = replay(call.api, result.value.body)
+    except ValueError as exc:  # not an answer of the client's API: the upstream's fault
+        error = ApiError(502, "the upstream model sent a reply that could not be read",
+                         "api_error")
+        settlement.settle(services, call, admitted, outcome=attrs.evolve(
+            outcome, status="error", http_status=error.status, body=None, error=exc))
+        raise error from None
+    settlement.settle(services, call, admitted, outcome=outcome)
     headers = response_headers(services, call, admitted, deployment=result.deployment,
                                cost_nanousd=settlement.cost_nanousd(outcome))
-    return SettledAfter(orjson.dumps(completion.body), headers, services, call, admitted,
-                        outcome)
+
+    async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
+        await write(b"".join(sse.encode(call.api, event) for event in events
+                             if _forward(call, event)) + sse.end(call.api))
+
+    return StreamResponse(produce, headers=headers)
 
 
 async def _guarded_route(

@@ -6,8 +6,9 @@
   mask the body sent upstream.
 * ``during_call``: :func:`during_call` runs the guardrails in a task next to the model
   call (and a stream's first event); the answer leaves only once they passed.
-* ``post_call``: :func:`post_call` reads a non-streamed answer before it is sent; it may
-  mask the answer's text.
+* ``post_call``: :func:`post_call` reads the whole answer before any of it is sent; it
+  may mask the answer's text. A streaming request it applies to is asked of the model
+  whole and then sent as a stream (``flow._stream_checked``).
 
 A blocking verdict answers 400 with the guardrail's message, in the API's own error
 shape. Every verdict is kept on the admission, and so on the request's spend row.
