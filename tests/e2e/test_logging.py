@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import MASTER_KEY, gateway_config, running_gateway
+from tests.e2e.hostile_upstream import Hostile, serve_hostile
 from triogate._log import JsonFormatter, remember_request_ids
 
 if TYPE_CHECKING:
@@ -108,3 +109,42 @@ async def test_an_unreachable_deployment_is_named_with_its_reason(
     assert request["status"] == "error"
     assert request["error"].startswith("ProviderConnectError: ")
     assert request["attempted"] == ["down-1", "down-1"]  # num_retries: 1
+
+
+async def test_an_upstream_that_echoes_its_key_has_it_masked(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An upstream error that quotes the key it was sent: neither the client (the error
+    passes through, a 400 is the request's) nor the logs see the key."""
+    secret = "sk-upstream-secret-echoed-77"
+    body = orjson.dumps({"error": {"message": f"model not allowed for key {secret}",
+                                   "type": "invalid_request_error"}})
+
+    async def echo(stream: trio.abc.Stream) -> None:
+        await stream.send_all(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                              b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+    hostile = Hostile(script=echo)
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await serve_hostile(nursery, hostile)
+            config = gateway_config(
+                tmp_path / "state", redis_url, upstream.base_url,
+                model_list=[{"model_name": "gpt-echo", "litellm_params": {
+                    "model": "openai/gpt-up", "api_key": secret,
+                    "api_base": f"{hostile.url}/v1", "input_cost_per_token": "0.000001",
+                    "output_cost_per_token": "0.000002"}}],
+                router_settings={"num_retries": 0})
+            async with running_gateway(config) as gateway, httpx.AsyncClient() as http:
+                response = await http.post(
+                    f"{gateway.openai_base}/chat/completions",
+                    headers={"authorization": f"Bearer {MASTER_KEY}"},
+                    json={"model": "gpt-echo", "messages": [{"role": "user", "content": "hi"}]})
+            nursery.cancel_scope.cancel()
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "model not allowed for key ***"
+    assert secret.encode() in hostile.heads[0]  # it was sent upstream, as it must be
+    text = "\n".join(JsonFormatter().format(r) for r in caplog.records)
+    assert secret not in text and "for key ***" in text
