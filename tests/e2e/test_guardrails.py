@@ -263,6 +263,21 @@ async def test_post_call_reads_a_stream_before_any_event_leaves(
         assert '"mode":"post_call","status":"blocked"' in (blocked.guardrails or "")
 
 
+async def test_a_stream_checked_whole_is_refused_by_a_during_call_guardrail(
+        tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
+        service: JsonService) -> None:
+    async with make_gateway(tmp_path, redis_url, upstream, [
+            generic(service.url, "during_call", default_on=True),
+            deny_filter("post_call", "banana")]) as gateway:
+        with pytest.raises(openai.BadRequestError) as caught, trio.fail_after(20):
+            await oai(gateway).chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "nope"}],
+                max_tokens=20, stream=True)
+        assert "nope is not allowed here" in str(caught.value)
+        (row,) = await spend_rows(gateway, 1)
+        assert row.http_status == 400 and row.cost_nanousd > 0
+
+
 async def test_during_call_runs_next_to_the_model_call(
         tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream,
         service: JsonService) -> None:

@@ -188,9 +188,13 @@ async def _checked_answer(
 
     with admission.keep_leases(services, admitted):
         routed = _guarded_route(services, call, admitted, attempt)
-        result = await (_unless_gone(services, call, admitted, routed)
-                        if services.config.settings.http.cancel_when_client_leaves
-                        and call.request.watch_disconnect else routed)
+        try:
+            result = await (_unless_gone(services, call, admitted, routed)
+                            if services.config.settings.http.cancel_when_client_leaves
+                            and call.request.watch_disconnect else routed)
+        except guarding.GuardrailBlocked as blocked:  # a streaming request's, answered whole
+            _refuse_answered(services, call, admitted, settlement.succeeded(
+                blocked.result, blocked.result.value.usage), blocked.rejected)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
     if guarding.wanted(services, call, "post_call"):
