@@ -1,7 +1,8 @@
 """LiteLLM's dashboard spend routes over real HTTP, on SQLite and PostgreSQL:
 ``/global/spend``, ``/global/spend/{logs,keys,models,teams,end_users,tags,provider}`` and
 ``/spend/tags``, with spend from real requests through the gateway (exact sums), who may
-call them, their 400s."""
+call them, their 400s; and the 400 ``unsupported_feature`` of LiteLLM's configuration
+routes."""
 
 from __future__ import annotations
 
@@ -256,3 +257,29 @@ async def test_bad_parameters_are_400s(spend_gateway: Gateway, admin: Admin) -> 
         assert error["type"] == "invalid_request_error"
         if param is not None:
             assert error["param"] == param, (path, params, body, error)
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/routes"),
+    ("GET", "/settings"),
+    ("GET", "/get/config/callbacks"),
+    ("GET", "/config/yaml"),
+    ("GET", "/config/list"),
+    ("GET", "/config/field/info"),
+    ("POST", "/config/update"),
+    ("POST", "/config/field/update"),
+    ("POST", "/config/field/delete"),
+    ("POST", "/config/callback/delete"),
+])
+async def test_litellm_config_routes_are_unsupported_for_every_caller(
+        gateway: Gateway, api: Admin, method: str, path: str) -> None:
+    key = (await api.post("/key/generate", {}))["key"]
+    for who in (None, "sk-wrong", key, "sk-test-master"):
+        headers = {"authorization": f"Bearer {who}"} if who else {}
+        async with httpx.AsyncClient(base_url=gateway.url, headers=headers) as http:
+            with trio.fail_after(20):
+                response = await http.request(method, path, json={"field_name": "x"})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_feature"
+        assert "triogate does not have" in error["message"]
