@@ -11,7 +11,7 @@ into the same JSON. Where LiteLLM's view covers "the last 30 days" (from midnigh
   proxy-wide budget (``litellm_settings.max_budget``; 0 without one, as LiteLLM).
 * ``GET /global/spend/logs``: ``[{"date", "spend"}]`` per UTC day; with ``api_key``,
   that key's days (``{"date", "spend", "api_key"}``).
-* ``GET /global/spend/keys?limit=``: ``[{"api_key", "key_alias", "key_name",
+* ``GET /global/spend/keys?limit=``: ``[{"api_key", "key_alias", "key_name", "team_id",
   "total_spend"}]``, the keys that spent most first (every key without ``limit``).
 * ``GET /global/spend/models?limit=10``: ``[{"model", "total_spend"}]`` per upstream model.
 * ``GET /global/spend/teams``: ``{"daily_spend": [{"date", <team>: spend, ...}],
