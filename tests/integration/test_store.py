@@ -614,6 +614,41 @@ async def test_daily_spend_groups_by_utc_day(store: Store) -> None:
         await store.daily_spend(group_by="planet")  # type: ignore[arg-type]
 
 
+async def test_top_spend_is_largest_first_and_limited(store: Store) -> None:
+    with trio.fail_after(10):
+        await insert_sample(store)
+        await store.insert_spend_logs([
+            spend_row("m1", upstream_model="gpt-a", cost_nanousd=2**53 + 1),
+            spend_row("m2", upstream_model="gpt-a", cost_nanousd=2**53 + 3),
+            spend_row("m3", upstream_model="", cost_nanousd=10**18),
+        ])
+        keys = await store.top_spend(column="key", limit=2, start_ms=BASE_MS)
+        teams = await store.top_spend(column="team", start_ms=BASE_MS)
+        models = await store.top_spend(column="model", skip_empty=True)
+    assert [(r["key"], r["requests"], r["cost_nanousd"]) for r in keys] == [
+        ("k3", 1, 160), ("k2", 2, 120)]
+    assert [(r["team"], r["cost_nanousd"]) for r in teams] == [
+        (None, 160), ("t2", 80), ("t1", 70)]
+    # Beyond float precision, and without the rows that name no model.
+    assert models == [{"model": "gpt-a", "requests": 2, "input_tokens": 0,
+                       "output_tokens": 0, "cost_nanousd": 2**54 + 4}]
+
+
+async def test_tag_spend_counts_a_request_under_each_of_its_tags(store: Store) -> None:
+    with trio.fail_after(10):
+        await insert_sample(store)
+        every = await store.tag_spend()
+        chosen = await store.tag_spend(tags=["prod", "nope"])
+        later = await store.tag_spend(start_ms=BASE_MS + DAY_MS)
+        by_team = await store.tag_spend(team_id="t1")
+    assert [(r["tag"], r["requests"], r["cost_nanousd"]) for r in every] == [
+        ("beta", 2, 180), ("production", 1, 80), ("prod", 2, 30)]
+    assert [(r["tag"], r["cost_nanousd"]) for r in chosen] == [("prod", 30)]
+    assert [(r["tag"], r["cost_nanousd"]) for r in later] == [
+        ("beta", 160), ("production", 80)]
+    assert [(r["tag"], r["cost_nanousd"]) for r in by_team] == [("prod", 30), ("beta", 20)]
+
+
 # --------------------------------------------------------------------------- the loop
 
 

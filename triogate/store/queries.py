@@ -531,3 +531,20 @@ class Store:
         return await self._threads.run(
             "daily spend", lambda: spend.daily_spend(self._engine, f, group_by=group_by)
         )
+
+    async def top_spend(self, *, column: spend.GroupBy, limit: int | None = None,
+                        skip_empty: bool = False, **filters: Any) -> list[dict[str, Any]]:
+        """Sums per key hash / team / ... / upstream model / deployment, largest first."""
+        f = spend.SpendFilter(**filters)
+        return await self._threads.run(
+            "top spend",
+            lambda: spend.top_spend(self._engine, f, column=column, limit=limit,
+                                    skip_empty=skip_empty))
+
+    async def tag_spend(self, *, tags: Sequence[str] | None = None, **filters: Any
+                        ) -> list[dict[str, Any]]:
+        """Sums per request tag (``tags``: only those), largest first."""
+        f = spend.SpendFilter(**filters)
+        chosen = None if tags is None else list(tags)
+        return await self._threads.run(
+            "spend per tag", lambda: spend.tag_spend(self._engine, f, tags=chosen))

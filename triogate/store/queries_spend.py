@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.engine import Connection, Engine
 
-GroupBy = Literal["key", "team", "user", "end_user", "model_group"]
+GroupBy = Literal["key", "team", "user", "end_user", "model_group", "model", "deployment"]
 
 _GROUP_COLUMNS: Mapping[str, str] = {
     "key": "key_hash",
@@ -32,6 +32,8 @@ _GROUP_COLUMNS: Mapping[str, str] = {
     "user": "user_id",
     "end_user": "end_user",
     "model_group": "model_group",
+    "model": "upstream_model",
+    "deployment": "deployment_id",
 }
 _MS_PER_DAY = 86_400_000
 _EPOCH = datetime.date(1970, 1, 1)
@@ -294,3 +296,72 @@ def spend_breakdown(engine: Engine, f: SpendFilter, *, columns: Sequence[GroupBy
     found.sort(key=lambda r: (r.get("day", ""), -r["cost_nanousd"],
                               *(str(r[n] or "") for n in columns)))
     return found
+
+
+def _sums(c: Any) -> list[sa.ColumnElement[Any]]:
+    """Request count and the sums of tokens and cost, labelled as the breakdowns name them."""
+    return [
+        sa.func.count().label("requests"),
+        sa.func.sum(c.input_tokens).label("input_tokens"),
+        sa.func.sum(c.output_tokens).label("output_tokens"),
+        sa.func.sum(c.cost_nanousd).label("cost_nanousd"),
+    ]
+
+
+def _ints(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sums as Python ints (PostgreSQL's ``sum(bigint)`` is ``numeric``)."""
+    for row in rows:
+        for name in ("requests", "input_tokens", "output_tokens", "cost_nanousd"):
+            row[name] = int(row[name])
+    return rows
+
+
+def top_spend(engine: Engine, f: SpendFilter, *, column: GroupBy, limit: int | None,
+              skip_empty: bool = False) -> list[dict[str, Any]]:
+    """Sums per distinct value of ``column``, largest cost first (ties by value), at most
+    ``limit`` rows (None: all): each a dict with ``column``'s name and the sums of
+    :func:`spend_breakdown`. ``skip_empty`` leaves out rows without a value (None or
+    ``""``), as LiteLLM's ``model != ''``."""
+    c = spend_logs.c
+    group = c[_GROUP_COLUMNS[column]]
+    where = _where(f)
+    if skip_empty:
+        where += [group.is_not(None), group != ""]
+    cost = sa.func.sum(c.cost_nanousd)
+    stmt = (
+        sa.select(group.label(column), *_sums(c))
+        .where(*where)
+        .group_by(group)
+        .order_by(cost.desc(), group.asc())
+    )
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    with engine.connect() as conn:
+        return _ints([dict(m) for m in conn.execute(stmt).mappings()])
+
+
+def tag_spend(engine: Engine, f: SpendFilter, *, tags: Sequence[str] | None
+              ) -> list[dict[str, Any]]:
+    """Sums per request tag over the matching rows (a request counts once under each of
+    its tags), largest cost first, then by tag: each a dict with ``tag`` and the sums of
+    :func:`spend_breakdown`. ``tags`` keeps only those tags (None: every tag)."""
+    c = spend_logs.c
+    t = spend_log_tags.c
+    where = _where(f)
+    # The side table's own copy of the time keeps (tag, time) one index range.
+    if f.start_ms is not None:
+        where.append(t.start_time_ms >= f.start_ms)
+    if f.end_ms is not None:
+        where.append(t.start_time_ms < f.end_ms)
+    if tags is not None:
+        where.append(t.tag.in_(list(tags)))
+    cost = sa.func.sum(c.cost_nanousd)
+    stmt = (
+        sa.select(t.tag.label("tag"), *_sums(c))
+        .select_from(spend_log_tags.join(spend_logs, t.request_id == c.request_id))
+        .where(*where)
+        .group_by(t.tag)
+        .order_by(cost.desc(), t.tag.asc())
+    )
+    with engine.connect() as conn:
+        return _ints([dict(m) for m in conn.execute(stmt).mappings()])

@@ -95,6 +95,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/spend/logs/v2"): _rule("as /spend/logs", *_EVERYONE),
     ("GET", "/spend/daily"): _ADMIN_READ,
     ("GET", "/global/spend/report"): _ADMIN_READ,
+    **{("GET", f"/global/spend{tail}"): _ADMIN_READ
+       for tail in ("", "/logs", "/keys", "/models", "/teams", "/end_users", "/tags",
+                    "/provider")},
+    ("POST", "/global/spend/end_users"): _ADMIN_READ,
+    ("GET", "/spend/tags"): _ADMIN_READ,
     ("POST", "/tag/info"): _ADMIN_READ,
 }
 #: The writes and reads of each entity that have no rule above (admins write, admins

@@ -4,9 +4,10 @@ Each route's handler is wrapped by :func:`guarded`, which authorizes the caller 
 the route's rule in ``roles.RULES`` (the one table of who may call what) and hands the
 :class:`~triogate.api.admin.roles.Caller` to the handler. The handlers live in ``keys``
 (virtual keys), ``entities`` (teams, users, end users as LiteLLM's "customers", tags),
-``members`` (team members), ``budgets`` (shared budgets) and ``spend`` (reports); field
-parsing and rendering in ``fields`` (``compat`` for LiteLLM's no-op fields, ``bounds``
-for limits); what they share around each query in ``common``.
+``members`` (team members), ``budgets`` (shared budgets), and ``spend``, ``report`` and
+``global_spend`` (reports); field parsing and rendering in ``fields`` (``compat`` for
+LiteLLM's no-op fields, ``bounds`` for limits); what they share around each query in
+``common``.
 
 :func:`routes` is merged into the route table by ``routes.py`` (error style "openai").
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from triogate.api.admin import budgets as admin_budgets
+from triogate.api.admin import global_spend as admin_global_spend
 from triogate.api.admin import keys as admin_keys
 from triogate.api.admin import members as admin_members
 from triogate.api.admin import report as admin_report
@@ -81,6 +83,7 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
                 table[(verbs[verb], f"{prefix}/{verb}")] = handler
     table[("POST", "/user/new")] = _user_new
     table.update(admin_budgets.routes())
+    table.update(admin_global_spend.ROUTES)
     return table
 
 

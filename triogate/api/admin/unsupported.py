@@ -1,11 +1,13 @@
 """LiteLLM routes for features triogate leaves out, answered with a 400 that says so.
 
 Organizations, SSO / UI login, guardrails over the API, runtime model management
-(``/model/new`` and friends), images, audio, files, batches, fine-tuning, rerank, assistants
-and vector stores are not part of triogate. A LiteLLM script or SDK that calls them gets a 400 in
-OpenAI's error shape (``code: unsupported_feature``) naming what is missing and what to
-use instead, never a 404 that could pass for a typo, a 401 that sends its author
-looking for a key problem, or a success that did nothing. The answer does not depend on
+(``/model/new`` and friends), configuration over the API (``/config/...``, ``/settings``,
+``/get/config/callbacks``), LiteLLM's ``/routes`` listing, images, audio, files, batches,
+fine-tuning, rerank, assistants and vector stores are not part of triogate. A LiteLLM
+script or SDK that calls them gets a 400 in OpenAI's error shape (``code:
+unsupported_feature``) naming what is missing and what to use instead, never a 404 that
+could pass for a typo, a 401 that sends its author looking for a key problem, or a
+success that did nothing. The answer does not depend on
 the key (it says only what the documentation says), so it is the same for every caller.
 
 Routes with an id in the path (``/v1/files/{id}``, ``/v1/batches/{id}/cancel``,
@@ -45,6 +47,11 @@ _FINE_TUNING = "fine-tuning jobs: create them with the provider directly"
 _RERANK = "rerank: call the provider directly"
 _ASSISTANTS = "assistants and threads: call the provider directly"
 _VECTOR = "vector stores: call the provider directly"
+_CONFIG = ("reading or changing the configuration over the API: edit the config file and "
+           "restart (or roll) the processes; the dashboard's /ui/config shows the loaded "
+           "configuration (secrets redacted), /model/info the deployments")
+_ROUTES = ("a route listing: docs/migrating-from-litellm.md lists every route and who may "
+           "call it")
 
 #: OpenAI-style paths (with and without ``/v1``) → what is missing.
 _OPENAI_PATHS: dict[tuple[str, str], str] = {
@@ -107,6 +114,16 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("POST", "/model/update"): _MODELS,
     ("POST", "/model/delete"): _MODELS,
     ("PATCH", "/model/update"): _MODELS,
+    ("GET", "/routes"): _ROUTES,
+    ("GET", "/settings"): _CONFIG,
+    ("GET", "/get/config/callbacks"): _CONFIG,
+    ("GET", "/config/yaml"): _CONFIG,
+    ("GET", "/config/list"): _CONFIG,
+    ("GET", "/config/field/info"): _CONFIG,
+    ("POST", "/config/update"): _CONFIG,
+    ("POST", "/config/field/update"): _CONFIG,
+    ("POST", "/config/field/delete"): _CONFIG,
+    ("POST", "/config/callback/delete"): _CONFIG,
     **{(method, f"{v1}{path}"): what for (method, path), what in _OPENAI_PATHS.items()
        for v1 in ("/v1", "")},
 }
