@@ -4,10 +4,11 @@ Each route's handler is wrapped by :func:`guarded`, which authorizes the caller 
 the route's rule in ``roles.RULES`` (the one table of who may call what) and hands the
 :class:`~triogate.api.admin.roles.Caller` to the handler. The handlers live in ``keys``
 (virtual keys), ``entities`` (teams, users, end users as LiteLLM's "customers", tags),
-``members`` (team members), ``budgets`` (shared budgets), and ``spend``, ``report`` and
-``global_spend`` (reports), ``guardrails_list`` (the config's guardrails); field parsing and rendering in ``fields`` (``compat`` for
-LiteLLM's no-op fields, ``bounds`` for limits); what they share around each query in
-``common``.
+``members`` (team members), ``budgets`` (shared budgets), ``spend``, ``report`` and
+``global_spend`` (reports), and ``guardrails_list`` (the config's guardrails); field
+parsing and rendering in ``fields`` (``compat`` for LiteLLM's no-op fields,
+``guardrail_fields`` for a key's or team's guardrails, ``bounds`` for limits); what they
+share around each query in ``common``.
 
 :func:`routes` is merged into the route table by ``routes.py`` (error style "openai").
 """

@@ -2,13 +2,13 @@
 
 Organizations, SSO / UI login, creating or applying guardrails over the API, runtime
 model management (``/model/new`` and friends), configuration over the API
-(``/config/...``, ``/settings``, ``/get/config/callbacks``), LiteLLM's ``/routes`` listing, images, audio, files, batches,
-fine-tuning, rerank, assistants and vector stores are not part of triogate. A LiteLLM
-script or SDK that calls them gets a 400 in OpenAI's error shape (``code:
-unsupported_feature``) naming what is missing and what to use instead, never a 404 that
-could pass for a typo, a 401 that sends its author looking for a key problem, or a
-success that did nothing. The answer does not depend on
-the key (it says only what the documentation says), so it is the same for every caller.
+(``/config/...``, ``/settings``, ``/get/config/callbacks``), LiteLLM's ``/routes``
+listing, images, audio, files, batches, fine-tuning, rerank, assistants and vector
+stores are not part of triogate. A LiteLLM script or SDK that calls them gets a 400 in
+OpenAI's error shape (``code: unsupported_feature``) naming what is missing and what to
+use instead, never a 404 that could pass for a typo, a 401 that sends its author looking
+for a key problem, or a success that did nothing. The answer does not depend on the key
+(it says only what the documentation says), so it is the same for every caller.
 
 Routes with an id in the path (``/v1/files/{id}``, ``/v1/batches/{id}/cancel``,
 ``/openai/deployments/{model}/images/generations``) are matched by prefix
