@@ -57,6 +57,7 @@ class GuardrailSpec:
         default_on: on every request; else only on requests naming it (``guardrails``).
         patterns: the content filter's rules (keywords become escaped regexes).
         api_base, api_key, params, timeout_s: the generic guardrail API's service.
+        info: ``guardrail_info`` as written (a description for ``/guardrails/list``).
     """
 
     name: str
@@ -68,6 +69,7 @@ class GuardrailSpec:
     api_key: str | None = attrs.field(default=None, repr=False)
     params: Mapping[str, Any] = attrs.Factory(dict)
     timeout_s: float = 10.0
+    info: Mapping[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -147,6 +149,9 @@ def _guardrail(path: str, raw: Any) -> GuardrailSpec:
     params = raw.get("litellm_params")
     if not isinstance(params, dict):
         raise ConfigError(f"{path}.litellm_params: required (a mapping)")
+    info = raw.get("guardrail_info")
+    if info is not None and not isinstance(info, dict):
+        raise ConfigError(f"{path}.guardrail_info: must be a mapping")
     path = f"{path}.litellm_params"
     kind = params.get("guardrail")
     if kind not in (CONTENT_FILTER, GENERIC_API):
@@ -171,7 +176,7 @@ def _guardrail(path: str, raw: Any) -> GuardrailSpec:
         if not patterns:
             raise ConfigError(f"{path}: a content filter needs blocked_words or patterns")
         return GuardrailSpec(name=name, kind=kind, modes=modes, default_on=default_on,
-                             patterns=patterns)
+                             patterns=patterns, info=info)
     api_base = params.get("api_base")
     if not isinstance(api_base, str) or not api_base.startswith(("http://", "https://")):
         raise ConfigError(f"{path}.api_base: required (the guardrail service's http(s) URL)")
@@ -185,7 +190,7 @@ def _guardrail(path: str, raw: Any) -> GuardrailSpec:
     return GuardrailSpec(name=name, kind=kind, modes=modes, default_on=default_on,
                          api_base=api_base.rstrip("/"),
                          api_key=key if isinstance(key, str) else None,
-                         params=dict(extra_params), timeout_s=float(timeout))
+                         params=dict(extra_params), timeout_s=float(timeout), info=info)
 
 
 def _action(path: str, value: Any) -> str:

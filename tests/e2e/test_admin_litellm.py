@@ -57,7 +57,7 @@ async def test_a_litellm_key_body_is_accepted_and_answered_in_its_shape(
 
 @pytest.mark.parametrize(("field", "value", "words"), [
     ("organization_id", "org-1", "organizations"),
-    ("guardrails", ["pii"], "guardrails"),
+    ("guardrails", ["pii"], "unknown guardrail 'pii'"),  # none configured here
     ("spend", 5, "spend"),
     ("key_type", "read_only", "key types"),
     ("send_invite_email", True, "invitation"),
@@ -130,7 +130,7 @@ async def test_models_take_wildcards_team_models_and_later_groups(
     ("POST", "/organization/member_add", "organizations"),
     ("GET", "/sso/key/generate", "SSO"),
     ("POST", "/login", "SSO"),
-    ("GET", "/guardrails/list", "guardrails"),
+    ("POST", "/guardrails", "guardrails"),
     ("POST", "/apply_guardrail", "guardrails"),
     ("POST", "/model/new", "runtime model management"),
     ("POST", "/model/delete", "runtime model management"),

@@ -243,3 +243,36 @@ async def test_proxy_budget_model_budget_and_pre_call_guardrail_still_wait_once_
     assert upstream.requests[-1].json["messages"][0]["content"] == "mail [EMAIL_REDACTED]"
     (after,) = [r for r in summary.records if r.phase == "after"]
     assert sorted(after.owners) == sorted(["budgets"] * 5 + ["routing"])
+
+
+async def test_a_key_and_team_naming_guardrails_still_wait_once_before_and_after(
+    tmp_path: Path, redis: RespBackend, redis_url: str, upstream: FakeUpstream, server: str,
+) -> None:
+    # Off by default: they run because the key and its team name them in their metadata,
+    # which the identity in memory already holds (no further read).
+    pii = {"guardrail_name": "pii", "litellm_params": {
+        "guardrail": "litellm_content_filter", "mode": "pre_call", "default_on": False,
+        "patterns": [{"pattern_type": "prebuilt", "pattern_name": "email", "action": "MASK"}]}}
+    deny = {"guardrail_name": "deny", "litellm_params": {
+        "guardrail": "litellm_content_filter", "mode": "pre_call", "default_on": False,
+        "blocked_words": [{"keyword": "forbidden", "action": "BLOCK"}]}}
+    config = gateway_config(tmp_path / "state", redis_url, upstream.base_url,
+                            router_settings={"routing_strategy": "usage-based-routing"},
+                            guardrails=[pii, deny])
+    with trio.fail_after(60):
+        async with running_gateway(config, server=server) as gateway:
+            store = gateway.services.store
+            assert store is not None
+            team = await store.create_team(team_alias="ml", max_budget_nanousd=100 * USD,
+                                           metadata={"guardrails": ["deny"]})
+            key, _ = await store.create_key(team_id=team.team_id, rpm_limit=100,
+                                            max_budget_nanousd=10 * USD,
+                                            metadata={"guardrails": ["pii"]})
+            await store.create_end_user(user_id="customer-1", max_budget_nanousd=1 * USD)
+            await traced(gateway, key)  # warms the identity
+            summary = await traced(gateway, key, messages=[
+                {"role": "user", "content": "mail ada@example.com"}])
+    assert (summary.waits_before, summary.waits_after) == (1, 1)
+    assert upstream.requests[-1].json["messages"][0]["content"] == "mail [EMAIL_REDACTED]"
+    (before,) = [r for r in summary.records if r.phase == "before"]
+    assert sorted(before.owners) == sorted(["budgets"] * 3 + ["routing"])

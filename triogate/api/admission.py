@@ -204,7 +204,7 @@ async def admit(services: Services, call: Call) -> Admission:
         # declare no Redis command, so the request still waits once), and only for a
         # caller the key store knows.
         if resolved is not None and not isinstance(resolved, Rejected):
-            for spec in guarding.active(services, call, "pre_call"):
+            for spec in guarding.active(services, call, "pre_call", resolved):
                 guard_p = await scope.run_inline(guarding.pre_call, services, call, spec,
                                                  verdicts, name=f"guardrail {spec.name}")
                 if not _passed(guard_p):

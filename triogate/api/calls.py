@@ -28,9 +28,12 @@ if TYPE_CHECKING:
 
     Handler = Callable[[Services, Request], Awaitable[Response]]
 
+#: Request fields asking to skip guardrails: refused (only a key or team may).
+OPT_OUTS = ("disable_global_guardrails", "disable_global_guardrail",
+            "opted_out_global_guardrails")
 #: Fields the gateway reads and does not pass upstream (``mock_response`` stays for mock
 #: deployments, whose provider honours it).
-GATEWAY_FIELDS = ("cache", "metadata", "mock_response", "guardrails",
+GATEWAY_FIELDS = ("cache", "metadata", "mock_response", "guardrails", *OPT_OUTS,
                   *controls.CONTROL_FIELDS)
 #: Most choices one request may ask for (OpenAI's own limit).
 MAX_CHOICES = 128
@@ -211,11 +214,21 @@ def requested_guardrails(services: Services, body: dict[str, Any]) -> tuple[str,
     """The guardrails a request names (``guardrails``, or ``metadata.guardrails``, as
     LiteLLM reads them).
 
+    A request may not turn guardrails off (LiteLLM reads ``disable_global_guardrails``
+    only from the key's and team's metadata, which an admin sets): a request asking to
+    is refused by name rather than served as if it had been obeyed.
+
     Raises:
-        ApiError: 400 for a value that is not a list of names, or a name no configured
-            guardrail has.
+        ApiError: 400 for a value that is not a list of names, a name no configured
+            guardrail has, or a request-level opt-out.
     """
     metadata = body.get("metadata")
+    for place in (body, metadata if isinstance(metadata, dict) else {}):
+        for name in OPT_OUTS:
+            if place.get(name):
+                raise ApiError(400, f"'{name}' cannot be set by a request: a proxy admin "
+                               "sets disable_global_guardrails on the key or team",
+                               param=name)
     names = body.get("guardrails")
     if names is None and isinstance(metadata, dict):
         names = metadata.get("guardrails")

@@ -87,7 +87,7 @@ async def serve(services: Services, call: Call) -> Response:
             raise error
         if admitted.cached is not None:
             return await _from_cache(services, call, admitted)
-        if call.stream and guarding.wanted(services, call, "post_call"):
+        if call.stream and guarding.wanted(services, call, "post_call", admitted.identity):
             return await _stream_checked(services, call, admitted)
         if call.stream:
             return await _stream(services, call, admitted)
@@ -197,7 +197,7 @@ async def _checked_answer(
                 blocked.result, blocked.result.value.usage), blocked.rejected)
     completion = result.value
     outcome = settlement.succeeded(result, completion.usage, body=completion.body)
-    if guarding.wanted(services, call, "post_call"):
+    if guarding.wanted(services, call, "post_call", admitted.identity):
         rejected = await guarding.post_call(services, call, admitted, completion.body)
         if rejected is not None:
             _refuse_answered(services, call, admitted, outcome, rejected)
@@ -235,7 +235,7 @@ async def _guarded_route(
 ) -> RouteResult[T]:
     """:func:`_route`, with the ``during_call`` guardrails running next to it (a complete
     answer they block is settled as paid and refused here; a stream's is the caller's)."""
-    if not guarding.wanted(services, call, "during_call"):
+    if not guarding.wanted(services, call, "during_call", admitted.identity):
         return await _route(services, call, admitted, attempt)
     run: Callable[[], Awaitable[RouteResult[T]]] = lambda: _route(  # noqa: E731
         services, call, admitted, attempt)

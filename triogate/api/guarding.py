@@ -10,6 +10,10 @@
   may mask the answer's text. A streaming request it applies to is asked of the model
   whole and then sent as a stream (``flow._stream_checked``).
 
+Which run: the default-on ones (unless the key or its team sets
+``disable_global_guardrails``) and those the request, its key or its team names
+(``metadata.guardrails`` of the key and team rows, which the identity already holds).
+
 A blocking verdict answers 400 with the guardrail's message, in the API's own error
 shape. Every verdict is kept on the admission, and so on the request's spend row.
 """
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from triogate.api.services import Services
     from triogate.config_governance import GuardrailSpec
     from triogate.governance.guardrails import Verdict
+    from triogate.governance.principals import Identity
 
 #: A place a text lives in a body: (container, key or index).
 Slot = tuple[Any, Any]
@@ -85,8 +90,14 @@ def response_slots(api: str, body: dict[str, Any]) -> list[Slot]:
     return slots
 
 
-def _requested(call: Call) -> tuple[str, ...]:
-    return call.guardrails
+def _requested(call: Call, identity: Identity | None) -> tuple[tuple[str, ...], bool]:
+    """The names the request and its key and team give (LiteLLM adds them up), and
+    whether the key or team turns the default-on guardrails off. Read from the identity
+    as the admission resolved it (memory, or the round's MGET): no further wait."""
+    if identity is None:
+        return call.guardrails, False
+    names, off = identity.guardrails()
+    return tuple(dict.fromkeys((*call.guardrails, *names))), off
 
 
 def _blocked(verdict: Verdict) -> Rejected:
@@ -112,27 +123,33 @@ async def _one(services: Services, call: Call, spec: GuardrailSpec, verdicts: li
     return None
 
 
-async def _run(services: Services, call: Call, verdicts: list[Verdict], mode: str,
+async def _run(services: Services, call: Call, admitted: Admission, mode: str,
                slots: list[Slot], input_type: str) -> Rejected | None:
     """Run the guardrails of ``mode`` one after another (each sees the previous one's
     masking); the first block stops the run and is returned. A checkpoint."""
-    for spec in active(services, call, mode):
-        rejected = await _one(services, call, spec, verdicts, mode, slots, input_type)
+    for spec in active(services, call, mode, admitted.identity):
+        rejected = await _one(services, call, spec, admitted.guardrails, mode, slots,
+                              input_type)
         if rejected is not None:
             return rejected
     await trio.lowlevel.checkpoint()
     return None
 
 
-def active(services: Services, call: Call, mode: str) -> list[GuardrailSpec]:
-    """The guardrails that run in ``mode`` for ``call`` (sync, cheap)."""
+def active(services: Services, call: Call, mode: str, identity: Identity | None
+           ) -> list[GuardrailSpec]:
+    """The guardrails that run in ``mode`` for ``call`` made by ``identity`` (sync,
+    cheap)."""
     guards = services.guardrails
-    return guards.active(mode, _requested(call)) if guards is not None else []
+    if guards is None:
+        return []
+    names, off = _requested(call, identity)
+    return guards.active(mode, names, global_off=off)
 
 
-def wanted(services: Services, call: Call, mode: str) -> bool:
+def wanted(services: Services, call: Call, mode: str, identity: Identity | None) -> bool:
     """Whether any guardrail runs in ``mode`` for ``call`` (sync, cheap)."""
-    return bool(active(services, call, mode))
+    return bool(active(services, call, mode, identity))
 
 
 async def pre_call(services: Services, call: Call, spec: GuardrailSpec,
@@ -154,8 +171,7 @@ async def during_call(services: Services, call: Call, admitted: Admission,
     verdict: list[Rejected | None] = [None]
 
     async def guard() -> None:
-        verdict[0] = await _run(services, call, admitted.guardrails, "during_call", slots,
-                                "request")
+        verdict[0] = await _run(services, call, admitted, "during_call", slots, "request")
 
     failure: Exception | None = None
     result: Any = None
@@ -175,7 +191,7 @@ async def during_call(services: Services, call: Call, admitted: Admission,
 async def post_call(services: Services, call: Call, admitted: Admission,
                     body: dict[str, Any]) -> Rejected | None:
     """The ``post_call`` guardrails over a non-streamed answer (masking it in place)."""
-    return await _run(services, call, admitted.guardrails, "post_call",
+    return await _run(services, call, admitted, "post_call",
                       response_slots(call.api, body), "response")
 
 

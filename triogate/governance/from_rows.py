@@ -53,6 +53,22 @@ def model_budgets(raw: Mapping[str, Any], anchor_s: int | None) -> dict[str, Lim
     return out
 
 
+def guardrail_settings(metadata: Mapping[str, Any] | None
+                       ) -> dict[str, Any]:
+    """A key's or team's guardrail settings from its metadata, where LiteLLM keeps them
+    (``guardrails``, ``disable_global_guardrails``): Principal fields. What the admin
+    API could not have written (a name that is not a string, a flag that is not a
+    boolean) is left out."""
+    meta = metadata or {}
+    names = meta.get("guardrails")
+    off = meta.get("disable_global_guardrails")
+    return {
+        "guardrails": tuple(dict.fromkeys(n for n in names if isinstance(n, str)))
+        if isinstance(names, list) else (),
+        "disable_global_guardrails": off if isinstance(off, bool) else None,
+    }
+
+
 def key_principal(row: KeyRow) -> Principal:
     """A key: id = its SHA-256, with per-model limits and expiry."""
     return Principal(
@@ -68,6 +84,7 @@ def key_principal(row: KeyRow) -> Principal:
         aliases=dict(row.aliases),
         soft_budget_nanousd=row.soft_budget_nanousd,
         model_budgets=model_budgets(row.model_max_budget, row.budget_anchor_s),
+        **guardrail_settings(row.metadata),
     )
 
 
@@ -83,6 +100,7 @@ def team_principal(row: TeamRow) -> Principal:
         aliases=dict(row.model_aliases),
         soft_budget_nanousd=row.soft_budget_nanousd,
         model_budgets=model_budgets(row.model_max_budget, row.budget_anchor_s),
+        **guardrail_settings(row.metadata),
     )
 
 

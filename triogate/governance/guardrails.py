@@ -16,8 +16,9 @@ A guardrail runs in one or more modes: ``pre_call`` (before the model call, as a
 participant of the request's admission scope: it declares no Redis command, so it adds
 no wait), ``during_call`` (concurrently with the model call; its verdict is awaited
 before any byte of the answer leaves) and ``post_call`` (on the answer of a non-streamed
-request, before it is sent). Which run: those with ``default_on``, and those the
-request names in its ``guardrails`` field.
+request, before it is sent). Which run: those with ``default_on`` (unless the key or its
+team sets ``disable_global_guardrails``), and those the request names in its
+``guardrails`` field or its key or team names in ``metadata.guardrails``.
 
 Every run gives a :class:`Verdict`; the request's verdicts go on its spend row.
 """
@@ -87,10 +88,17 @@ class Guardrails:
         self.specs = tuple(specs)
         self._client = client
 
-    def active(self, mode: str, requested: Sequence[str]) -> list[GuardrailSpec]:
-        """The guardrails to run in ``mode`` for a request naming ``requested``."""
-        return [g for g in self.specs
-                if mode in g.modes and (g.default_on or g.name in requested)]
+    def active(self, mode: str, requested: Sequence[str], *, global_off: bool = False
+               ) -> list[GuardrailSpec]:
+        """The guardrails to run in ``mode`` (config order) for a request naming
+        ``requested`` (itself, its key and its team together).
+
+        LiteLLM's rule (``CustomGuardrail.should_run_guardrail``): a default-on guardrail
+        runs unless ``global_off`` (the key's or team's ``disable_global_guardrails``),
+        named or not; any other runs when named.
+        """
+        return [g for g in self.specs if mode in g.modes and (
+            not global_off if g.default_on else g.name in requested)]
 
     def unknown(self, requested: Sequence[str]) -> list[str]:
         """Names a request asked for that no guardrail has."""

@@ -79,6 +79,10 @@ class Principal:
             request is still served); None = no soft budget.
         model_budgets: for keys and teams, model group → its own budget
             (``model_max_budget``): ``max_budget_nanousd`` and ``budget_duration_s``.
+        guardrails: for keys and teams, the guardrails its requests run besides the
+            default-on ones (``metadata.guardrails``, as LiteLLM keeps them).
+        disable_global_guardrails: for keys and teams, whether its requests skip the
+            default-on guardrails (``metadata.disable_global_guardrails``); None = not set.
     """
 
     kind: str
@@ -94,6 +98,8 @@ class Principal:
     role: str | None = None
     soft_budget_nanousd: int | None = None
     model_budgets: Mapping[str, Limits] = attrs.Factory(dict)
+    guardrails: tuple[str, ...] = ()
+    disable_global_guardrails: bool | None = None
 
     def allows_model(
         self, group: str, *, providers: Callable[[], frozenset[str]] = lambda: frozenset(),
@@ -131,6 +137,20 @@ class Identity:
             if party is not None and not party.allows_model(group, providers=providers):
                 return party
         return None
+
+    def guardrails(self) -> tuple[tuple[str, ...], bool]:
+        """The guardrails the key and its team name (key's first, no repeats), and
+        whether the default-on ones are off for its requests.
+
+        LiteLLM's rule: the lists add up; ``disable_global_guardrails`` is the key's when
+        the key sets it (true or false), else the team's.
+        """
+        team = self.team
+        names = (*self.key.guardrails, *(team.guardrails if team is not None else ()))
+        off = self.key.disable_global_guardrails
+        if off is None and team is not None:
+            off = team.disable_global_guardrails
+        return tuple(dict.fromkeys(names)), bool(off)
 
     def principals(self) -> Iterator[Principal]:
         """Key, team, user, team member, end user, then tags: every party present, in

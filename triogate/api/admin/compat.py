@@ -8,7 +8,7 @@ asks for behaviour triogate does not have, so a script never believes it set som
 that is silently ignored.
 
 Fields that name whole features triogate leaves out (organizations, SSO and UI login,
-guardrails per key or team) say so in their refusal. The implemented fields live in
+guardrails per user or customer) say so in their refusal. The implemented fields live in
 ``fields.py``; the migration table in docs/migrating-from-litellm.md is rendered from
 both (:func:`field_table`).
 """
@@ -29,7 +29,8 @@ _EMPTY: tuple[Any, ...] = (None, False, 0, "", [], {})
 
 _ORGS = "organizations, which triogate does not have (keys, teams and users only)"
 _SSO = "SSO / UI login, which triogate does not have (the admin API uses keys)"
-_GUARDRAILS = "guardrails per key or team (configure them in the config file's guardrails:)"
+_GUARDRAILS = ("guardrails per user or customer (set guardrails on the key or its team: "
+               "/key/update, /team/update)")
 
 
 class Noop:
@@ -126,7 +127,6 @@ KEY_NOOP: dict[str, Converter] = {
     "temp_budget_increase": _TEMP_BUDGET,
     "temp_budget_expiry": _TEMP_BUDGET,
     "allowed_model_region": _REGION,
-    "disable_global_guardrails": _n(_GUARDRAILS),
     "user_email": _n("e-mails on keys (set user_email on the user)"),
 }
 

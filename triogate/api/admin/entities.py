@@ -42,6 +42,7 @@ from triogate.api.admin.fields import (
     required_str,
     str_list,
 )
+from triogate.api.admin.guardrail_fields import configured, fold
 from triogate.api.admin.keys import require_team
 from triogate.api.admin.members import member_ids, parse_members
 from triogate.api.admin.roles import forbidden
@@ -156,6 +157,9 @@ async def _create(api: EntityApi, services: Services, body: dict[str, Any],
     if ident is not None or api.id_required:
         fields[api.store_id] = ident = required_str(body, api.id_param)
     what = f"create {api.label} '{ident}'" if ident else f"create {api.label}"
+    if api.kind == "team":  # /team/new is proxy admins' only (roles.RULES)
+        fields = fold(fields, None, configured=configured(services), admin=True,
+                      entity="team")
     if api.kind != "tag":
         fields = await inherit(store_of(services), fields)
     with sql(what):
@@ -257,6 +261,9 @@ async def update(api: EntityApi, services: Services, request: Request, caller: C
             return Response.json(shaped(api, render_row(row)), headers=headers)
         if current is None:
             raise not_found(api.label, ident, api.id_param)
+        if api.kind == "team":
+            fields = fold(fields, current.metadata, configured=configured(services),
+                          admin=caller.is_admin, entity="team")
         fields = await inherit(store, fields, current)
     row, headers = await _apply(api, services, ident, fields)
     return Response.json(shaped(api, render_row(row)), headers=headers)

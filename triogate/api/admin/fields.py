@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from triogate.api.admin import compat
+from triogate.api.admin import compat, guardrail_fields
 from triogate.api.admin.bounds import (
     MAX_ITEMS,
     MAX_PAGE,
@@ -301,6 +301,12 @@ _PRINCIPAL: dict[str, Converter] = {
     "soft_budget": _soft_budget,
 }
 
+#: A key's or team's guardrails, kept in its metadata (``guardrail_fields.fold``).
+_GUARDRAILS: dict[str, Converter] = {
+    "guardrails": guardrail_fields.guardrails_field,
+    "disable_global_guardrails": guardrail_fields.disable_field,
+}
+
 #: Body fields per entity (ids and request-only fields are handled by the handlers):
 #: LiteLLM's names, implemented ones and accepted-as-no-op ones (``compat.py``).
 KEY_FIELDS: Mapping[str, Converter] = compat.table({
@@ -318,11 +324,13 @@ KEY_FIELDS: Mapping[str, Converter] = compat.table({
     "expires": _expires,
     "auto_rotate": _auto_rotate,
     "rotation_interval": _rotation_interval,
+    **_GUARDRAILS,
 }, compat.KEY_NOOP)
 TEAM_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL, "team_alias": text("team_alias"), "models": _models,
     "model_aliases": aliases("model_aliases"),
     "model_max_budget": _model_max_budget,
+    **_GUARDRAILS,
 }, compat.TEAM_NOOP)
 USER_FIELDS: Mapping[str, Converter] = compat.table({
     **_PRINCIPAL,

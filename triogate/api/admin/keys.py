@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from triogate.api.admin import guardrail_fields
 from triogate.api.admin.bounds import bad, check_custom_key
 from triogate.api.admin.budgets import inherit
 from triogate.api.admin.common import (
@@ -38,6 +39,7 @@ from triogate.api.admin.fields import (
     seconds,
     str_list,
 )
+from triogate.api.admin.guardrail_fields import configured
 from triogate.api.admin.roles import forbidden
 from triogate.api.admin.selfserve import check_key_write
 from triogate.api.errors import ApiError
@@ -121,6 +123,8 @@ async def generate(services: Services, request: Request, caller: Caller) -> Resp
     """POST /key/generate: a new key; the raw key is in this response and nowhere else."""
     body = await begin(services, request)
     fields = parse_fields(body, KEY_FIELDS, context(services), extra=frozenset({"key"}))
+    fields = guardrail_fields.fold(fields, None, configured=configured(services),
+                                   admin=caller.is_admin, entity="key")
     raw_key = None if body.get("key") is None else check_custom_key(
         body["key"], services.config.master_key)
     store = store_of(services)
@@ -152,6 +156,8 @@ async def apply_update(services: Services, caller: Caller, row: KeyRow,
     """Change ``fields`` of ``row`` (a key the caller may change); the new row. Not
     announced yet. A checkpoint."""
     store = store_of(services)
+    fields = guardrail_fields.fold(fields, row.metadata, configured=configured(services),
+                                   admin=caller.is_admin, entity="key")
     fields = await check_key_write(caller, store, await inherit(store, fields, row), row)
     fields = schedule(fields, services.clock_ms(), row)
     await require_alias_free(store, fields.get("key_alias"), row.token_hash)

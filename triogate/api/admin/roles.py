@@ -101,6 +101,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/global/spend/end_users"): _ADMIN_READ,
     ("GET", "/spend/tags"): _ADMIN_READ,
     ("POST", "/tag/info"): _ADMIN_READ,
+    # LiteLLM: any key (its holder needs the names to ask for a guardrail); no secrets.
+    ("GET", "/guardrails/list"): _rule("any key: the config's guardrails (names, modes, "
+                                       "default_on; no secrets)", *_EVERYONE),
+    ("GET", "/v2/guardrails/list"): _rule("as /guardrails/list", *_EVERYONE),
 }
 #: The writes and reads of each entity that have no rule above (admins write, admins
 #: and viewers read).

@@ -4,10 +4,11 @@ Each route's handler is wrapped by :func:`guarded`, which authorizes the caller 
 the route's rule in ``roles.RULES`` (the one table of who may call what) and hands the
 :class:`~triogate.api.admin.roles.Caller` to the handler. The handlers live in ``keys``
 (virtual keys), ``entities`` (teams, users, end users as LiteLLM's "customers", tags),
-``members`` (team members), ``budgets`` (shared budgets), and ``spend``, ``report`` and
-``global_spend`` (reports); field parsing and rendering in ``fields`` (``compat`` for
-LiteLLM's no-op fields, ``bounds`` for limits); what they share around each query in
-``common``.
+``members`` (team members), ``budgets`` (shared budgets), ``spend``, ``report`` and
+``global_spend`` (reports), and ``guardrails_list`` (the config's guardrails); field
+parsing and rendering in ``fields`` (``compat`` for LiteLLM's no-op fields,
+``guardrail_fields`` for a key's or team's guardrails, ``bounds`` for limits); what they
+share around each query in ``common``.
 
 :func:`routes` is merged into the route table by ``routes.py`` (error style "openai").
 """
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from triogate.api.admin import budgets as admin_budgets
 from triogate.api.admin import global_spend as admin_global_spend
+from triogate.api.admin import guardrails_list as admin_guardrails
 from triogate.api.admin import keys as admin_keys
 from triogate.api.admin import members as admin_members
 from triogate.api.admin import report as admin_report
@@ -84,6 +86,7 @@ def handlers_by_route() -> dict[tuple[str, str], AdminHandler]:
     table[("POST", "/user/new")] = _user_new
     table.update(admin_budgets.routes())
     table.update(admin_global_spend.ROUTES)
+    table.update(admin_guardrails.ROUTES)
     return table
 
 

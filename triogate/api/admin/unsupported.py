@@ -1,14 +1,14 @@
 """LiteLLM routes for features triogate leaves out, answered with a 400 that says so.
 
-Organizations, SSO / UI login, guardrails over the API, runtime model management
-(``/model/new`` and friends), configuration over the API (``/config/...``, ``/settings``,
-``/get/config/callbacks``), LiteLLM's ``/routes`` listing, images, audio, files, batches,
-fine-tuning, rerank, assistants and vector stores are not part of triogate. A LiteLLM
-script or SDK that calls them gets a 400 in OpenAI's error shape (``code:
-unsupported_feature``) naming what is missing and what to use instead, never a 404 that
-could pass for a typo, a 401 that sends its author looking for a key problem, or a
-success that did nothing. The answer does not depend on
-the key (it says only what the documentation says), so it is the same for every caller.
+Organizations, SSO / UI login, creating or applying guardrails over the API, runtime
+model management (``/model/new`` and friends), configuration over the API
+(``/config/...``, ``/settings``, ``/get/config/callbacks``), LiteLLM's ``/routes``
+listing, images, audio, files, batches, fine-tuning, rerank, assistants and vector
+stores are not part of triogate. A LiteLLM script or SDK that calls them gets a 400 in
+OpenAI's error shape (``code: unsupported_feature``) naming what is missing and what to
+use instead, never a 404 that could pass for a typo, a 401 that sends its author looking
+for a key problem, or a success that did nothing. The answer does not depend on the key
+(it says only what the documentation says), so it is the same for every caller.
 
 Routes with an id in the path (``/v1/files/{id}``, ``/v1/batches/{id}/cancel``,
 ``/openai/deployments/{model}/images/generations``) are matched by prefix
@@ -35,8 +35,9 @@ _ORGS = ("organizations: triogate has keys, teams, users, customers and tags; gr
          "by naming them, and give each its own budget")
 _SSO = ("SSO / UI login: the admin API takes the master key or a virtual key, and the "
         "dashboard (/ui) signs in with one")
-_GUARDRAILS = ("guardrails over the API: configure them in the config file's guardrails: "
-               "(docs/governance-features.md)")
+_GUARDRAILS = ("creating or applying guardrails over the API: configure them in the config "
+               "file's guardrails: (docs/governance-features.md); GET /guardrails/list "
+               "lists them")
 _MODELS = ("runtime model management: deployments come from the config file's model_list "
            "(restart, or roll the processes, to change them)")
 _IMAGES = "image generation (images/generations, edits, variations): call the provider directly"
@@ -105,8 +106,6 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("GET", "/sso/callback"): _SSO,
     ("POST", "/login"): _SSO,
     ("POST", "/v2/login"): _SSO,
-    ("GET", "/guardrails/list"): _GUARDRAILS,
-    ("GET", "/v2/guardrails/list"): _GUARDRAILS,
     ("POST", "/guardrails"): _GUARDRAILS,
     ("POST", "/apply_guardrail"): _GUARDRAILS,
     ("POST", "/guardrails/apply_guardrail"): _GUARDRAILS,
