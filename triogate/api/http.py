@@ -32,6 +32,20 @@ def new_request_id() -> str:
     return os.urandom(16).hex()
 
 
+def json_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object; 400 with a precise message otherwise."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    # Fewer brackets than the limit cannot nest past it: most bodies skip the walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+        check_depth(value)
+    return value
+
+
 @final
 class Request:
     """An HTTP request as the ASGI server handed it over."""
@@ -93,17 +107,8 @@ class Request:
         raw = await self.body(max_bytes)
         if not raw:
             raise ApiError(400, "request body is empty; expected a JSON object")
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ApiError(400, "request body must be a JSON object")
-        # Fewer brackets than the limit cannot nest past it: most bodies skip the walk.
-        if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
-            check_depth(value)
-        self._json = value
-        return value
+        self._json = json_object(raw)
+        return self._json
 
     def bearer(self) -> str | None:
         """The key from ``Authorization: Bearer …``, ``x-api-key`` or Azure's ``api-key``."""

@@ -35,14 +35,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from triogate.api.admin.common import sql, store_of
 from triogate.api.admin.fields import key_candidates, only, parse_time_ms, usd
 from triogate.api.admin.spend import filters
 from triogate.api.errors import ApiError
-from triogate.api.http import Response
-from triogate.api.validate import check_depth
+from triogate.api.http import Response, json_object
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -212,16 +209,7 @@ async def _optional_body(services: Services, request: Request) -> dict[str, Any]
     """The JSON object of the body, ``{}`` for none (LiteLLM's body is optional). A
     checkpoint."""
     raw = await request.body(services.config.settings.max_body_bytes)
-    if not raw.strip():
-        return {}
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    check_depth(value)
-    return value
+    return json_object(raw) if raw.strip() else {}
 
 
 def _tags(query: Mapping[str, str]) -> list[str] | None:
